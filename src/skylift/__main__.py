@@ -1,0 +1,3 @@
+from skylift.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The ``skylift`` command line: one module per command, heavy imports deferred."""

@@ -1,0 +1,57 @@
+"""``skylift`` entry point: parse, dispatch to one command module, map errors to exit codes.
+
+Only argparse is imported up front, so ``skylift --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["build_parser", "main"]
+
+# command name -> module in skylift.cli with add_arguments(parser) and execute(args) -> int
+COMMANDS = {
+    "run": ("run", "Train from a config: in this process, or on --nproc workers through torchrun."),
+    "launch": ("launch", "Run any unmodified torchrun-style script on --nproc workers."),
+    "check": ("check", "Validate a config and print it fully resolved (nothing is started)."),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from skylift import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="skylift",
+        description="Take a PyTorch training job from a laptop to rented cloud GPUs.",
+        epilog="Start with: skylift run examples/quickstart.yaml",
+    )
+    parser.add_argument("--version", action="version", version=f"skylift {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, summary) in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=summary)
+        _module(module).add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from skylift.errors import EXIT_CONFIG_ERROR, SkyliftConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_CONFIG_ERROR
+    try:
+        return _module(COMMANDS[args.command][0]).execute(args)
+    except SkyliftConfigError as error:
+        print(f"skylift {args.command}: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except KeyboardInterrupt:
+        print(f"skylift {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _module(name: str):  # noqa: ANN202 - a command module
+    return importlib.import_module(f"skylift.cli.{name}")

@@ -1,0 +1,49 @@
+"""``skylift run CONFIG``: train, in this process or on --nproc torchrun workers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from skylift.cli.options import add_config_arguments, add_topology_arguments, topology_from
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    add_topology_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
+    parser.add_argument("--json", action="store_true", help="print the plan or the final summary as JSON")
+
+
+def execute(args: argparse.Namespace) -> int:
+    from skylift.config.load import load_config
+    from skylift.train.distributed import launched_by_torchrun
+    from skylift.train.preflight import preflight
+
+    config = load_config(args.config, args.overrides)
+    topology = topology_from(args)
+    plan = preflight(config, topology.world_size)
+    if args.dry_run:
+        _print_plan(plan, as_json=args.json)
+        return 0
+    if topology.world_size == 1 or launched_by_torchrun():
+        from skylift.cli.worker import train_and_report
+
+        return train_and_report(config, as_json=args.json)
+    from skylift.train.launcher import launch_workers
+
+    entry = ["skylift.cli.worker", args.config]
+    for override in args.overrides:
+        entry += ["--set", override]
+    if args.json:
+        entry.append("--json")
+    return launch_workers(topology, entry, module=True)
+
+
+def _print_plan(plan: dict, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(plan, indent=2))
+        return
+    print("skylift run --dry-run: the config is valid; nothing was started")
+    for key, value in plan.items():
+        print(f"  {key:<26} {value}")

@@ -1,0 +1,83 @@
+"""A worker of ``skylift run``: what torchrun starts on every rank.
+
+    python -m skylift.cli.worker CONFIG [--set K=V ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, SkyliftConfigError
+
+__all__ = ["train_and_report"]
+
+
+def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 - RunConfig
+    """Train with ``config``; rank 0 prints the summary. Returns the exit code."""
+    from skylift.logs import setup_logging
+    from skylift.train.trainer import Trainer
+
+    setup_logging()
+    if as_json:
+        config.monitor.progress_bar = "off"
+    trainer = Trainer(config)
+    summary = trainer.fit()
+    if trainer.runtime.dist.is_main:
+        if as_json:
+            print(json.dumps(summary.as_dict(), indent=2))
+        else:
+            print_summary(summary)
+    return 0
+
+
+def print_summary(summary) -> None:  # noqa: ANN001 - RunSummary
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="skylift: run finished", show_header=False, title_justify="left")
+    for name, value in summary.eval_metrics.items():
+        shown = f"{100 * value:.2f}%" if name == "accuracy" else f"{value:.4f}"
+        table.add_row(f"validation {name}", shown)
+    table.add_row("samples/s", f"{summary.samples_per_s:,.0f}")
+    table.add_row("steps", f"{summary.steps} ({summary.epochs_completed} epochs, {summary.samples_seen:,} samples)")
+    table.add_row("train time", f"{summary.train_time_s:.1f} s")
+    table.add_row("precision", f"{summary.precision} ({summary.precision_reason})")
+    table.add_row("processes", f"{summary.world_size} on {summary.device}")
+    if summary.replicas_agree is not None:
+        table.add_row("replicas agree", f"{summary.replicas_agree} (max diff {summary.replica_max_abs_diff:.3g})")
+    table.add_row("run folder", summary.run_dir)
+    console = Console()
+    console.print(table)
+    console.print(f"Next: tensorboard --logdir {summary.run_dir}/tensorboard")
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    from skylift.config.load import load_config
+
+    parser = argparse.ArgumentParser(prog="skylift.cli.worker")
+    parser.add_argument("config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        return train_and_report(load_config(args.config, args.overrides), as_json=args.json)
+    except SkyliftConfigError as error:
+        print(f"skylift run: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+if __name__ == "__main__":
+    from skylift.train.distributed import exit_cleanly
+
+    try:
+        code = main()
+    except Exception:
+        traceback.print_exc()
+        code = EXIT_FAILURE
+    exit_cleanly(code)

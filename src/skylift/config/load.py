@@ -1,0 +1,151 @@
+"""Load a :class:`RunConfig` from YAML plus ``--set section.key=value`` overrides.
+
+Errors name the key, the allowed values and the closest valid key, and are raised as
+:class:`~skylift.errors.SkyliftConfigError` before anything starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from skylift.config.schema import RunConfig
+from skylift.errors import SkyliftConfigError
+
+__all__ = ["apply_overrides", "dump_config", "load_config", "parse_config"]
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read YAML at ``path`` (``None``: all defaults), apply overrides, validate.
+
+    Example:
+        >>> cfg = load_config(None, ["optim.lr=0.01", "schedule.epochs=2"])
+        >>> cfg.optim.lr, cfg.schedule.epochs
+        (0.01, 2)
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    return parse_config(apply_overrides(raw, overrides), source=str(path) if path else "defaults")
+
+
+def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    """Validate a plain mapping into a :class:`RunConfig`."""
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as error:
+        problems = [_describe(item) for item in error.errors()]
+        raise SkyliftConfigError(
+            problems, hint=f"Fix {source}, then check it with: skylift check {source}"
+        ) from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Return a copy of ``raw`` with each ``dotted.key=value`` applied.
+
+    Values are parsed as YAML scalars (``true``, ``3``, ``null``, ``[a, b]``) and then
+    validated with the rest of the config, so types are checked the same way.
+    """
+    result = _deep_copy(raw)
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key.strip():
+            raise SkyliftConfigError(
+                f"override {override!r} is not of the form section.key=value",
+                hint="Example: --set optim.lr=0.001",
+            )
+        _set_dotted(result, key.strip().split("."), yaml.safe_load(text) if text.strip() else None)
+    return result
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML, every field written out."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SkyliftConfigError(
+            f"config file {str(path)!r} does not exist",
+            hint="List the shipped examples with: ls examples/",
+        )
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise SkyliftConfigError(f"{path} is not valid YAML: {error}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SkyliftConfigError(f"{path} must hold a mapping of sections, not {type(loaded).__name__}")
+    return loaded
+
+
+def _set_dotted(target: dict[str, Any], parts: list[str], value: Any) -> None:
+    node = target
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            dotted = ".".join(parts[: depth + 1])
+            raise SkyliftConfigError(f"{dotted} is a value, not a section; cannot set {'.'.join(parts)}")
+        node = child
+    node[parts[-1]] = value
+
+
+def _deep_copy(raw: dict[str, Any]) -> dict[str, Any]:
+    return {key: _deep_copy(value) if isinstance(value, dict) else value for key, value in raw.items()}
+
+
+def _describe(item: dict[str, Any]) -> str:
+    location = [str(part) for part in item["loc"]]
+    dotted = ".".join(location) or "config"
+    if item["type"] == "extra_forbidden":
+        return _unknown_key(location)
+    allowed = _allowed_values(location)
+    message = f"{dotted}: {item['msg']}"
+    if "input" in item and item["type"] not in ("missing",) and not isinstance(item["input"], dict):
+        message += f" (got {item['input']!r})"
+    if allowed:
+        message += f"; allowed: {allowed}"
+    return message
+
+
+def _unknown_key(location: list[str]) -> str:
+    *parent_path, key = location
+    valid = _field_names(parent_path)
+    dotted = ".".join(location)
+    closest = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    text = f"{dotted}: unknown key"
+    if closest:
+        text += f"; did you mean {'.'.join([*parent_path, closest[0]])!r}?"
+    return text + f" Valid keys here: {', '.join(sorted(valid))}"
+
+
+def _section_model(path: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for part in path:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _field_names(path: list[str]) -> list[str]:
+    model = _section_model(path)
+    return list(model.model_fields) if model else []
+
+
+def _allowed_values(location: list[str]) -> str:
+    model = _section_model(location[:-1])
+    field = model.model_fields.get(location[-1]) if model else None
+    if field is None:
+        return ""
+    args = getattr(field.annotation, "__args__", ())
+    if getattr(field.annotation, "__origin__", None) is not None and "Literal" in repr(field.annotation):
+        return ", ".join(repr(arg) for arg in args)
+    return ""

@@ -1,0 +1,134 @@
+"""Samplers whose global order does not depend on the number of processes.
+
+Each epoch draws one seeded permutation of the whole dataset and cuts it into global
+batches. Rank ``r`` of ``W`` takes the ``r``-th slice of every global batch and splits
+it into ``accumulation_steps`` micro-batches. So the samples that form optimizer step
+``s`` are the same on 1, 2 or 8 processes, which makes a DDP run reproduce a single
+process run and lets a run resume on a different process count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["GlobalBatchSampler", "ShardedEvalSampler"]
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Yield this rank's micro-batches, ``accumulation_steps`` per global batch.
+
+    Args:
+        num_samples: dataset length.
+        global_batch_size: samples per optimizer step across all ranks.
+        accumulation_steps: micro-batches per optimizer step on each rank.
+        rank, world_size: this process's place in the job.
+        seed: with the epoch, fixes the permutation.
+        shuffle: draw a new permutation per epoch (else dataset order).
+
+    The last partial global batch of an epoch is dropped: every optimizer step sees
+    exactly ``global_batch_size`` samples, which is what keeps runs comparable.
+
+    Example:
+        >>> sampler = GlobalBatchSampler(10, 4, 1, rank=1, world_size=2, seed=0, shuffle=False)
+        >>> list(sampler)
+        [[2, 3], [6, 7]]
+    """
+
+    shards_by_rank = True
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch_size: int,
+        accumulation_steps: int,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle: bool = True,
+    ) -> None:
+        per_step = world_size * accumulation_steps
+        if global_batch_size % per_step:
+            raise ValueError(
+                f"global_batch_size ({global_batch_size}) must divide by world_size x accumulation_steps ({per_step})"
+            )
+        if num_samples < global_batch_size:
+            raise ValueError(
+                f"the dataset has {num_samples} samples, fewer than one global batch ({global_batch_size}); "
+                "lower data.global_batch_size"
+            )
+        self.num_samples = num_samples
+        self.global_batch_size = global_batch_size
+        self.accumulation_steps = accumulation_steps
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.start_step = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.global_batch_size // (self.world_size * self.accumulation_steps)
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Select the epoch's permutation and skip its first ``start_step`` global batches."""
+        self.epoch = epoch
+        self.start_step = start_step
+
+    def global_order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self.global_order()
+        per_rank = self.global_batch_size // self.world_size
+        micro = self.micro_batch_size
+        for step in range(self.start_step, self.steps_per_epoch):
+            begin = step * self.global_batch_size + self.rank * per_rank
+            mine = order[begin : begin + per_rank]
+            for offset in range(0, per_rank, micro):
+                yield mine[offset : offset + micro]
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch - self.start_step) * self.accumulation_steps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "start_step": self.start_step, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed = int(state["seed"])
+        self.set_epoch(int(state["epoch"]), int(state["start_step"]))
+
+
+class ShardedEvalSampler(Sampler[list[int]]):
+    """Contiguous, unpadded shards for evaluation: every sample is scored exactly once.
+
+    Ranks may get a different number of batches, so evaluation must not run
+    collectives per batch; sums are all-reduced once at the end.
+    """
+
+    shards_by_rank = True
+
+    def __init__(self, num_samples: int, batch_size: int, *, rank: int, world_size: int) -> None:
+        per_rank = -(-num_samples // world_size)
+        self.indices = list(range(rank * per_rank, min(num_samples, (rank + 1) * per_rank)))
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for offset in range(0, len(self.indices), self.batch_size):
+            yield self.indices[offset : offset + self.batch_size]
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)

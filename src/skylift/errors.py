@@ -1,0 +1,33 @@
+"""Typed errors and the process exit codes skylift documents.
+
+User mistakes raise :class:`SkyliftConfigError` (exit 2) with a message that names
+the field and the fix; internal invariants use ``assert``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_CONFIG_ERROR", "EXIT_FAILURE", "EXIT_OK", "SkyliftConfigError", "SkyliftError"]
+
+EXIT_OK = 0
+"""The run finished."""
+EXIT_FAILURE = 1
+"""The run failed; the traceback or message says why."""
+EXIT_CONFIG_ERROR = 2
+"""The configuration or command line is invalid; nothing was started."""
+
+
+class SkyliftError(Exception):
+    """Base class of skylift's own errors."""
+
+
+class SkyliftConfigError(SkyliftError, ValueError):
+    """The configuration is invalid. ``str(error)`` names each bad field and its fix."""
+
+    def __init__(self, problems: list[str] | str, hint: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.hint = hint
+        lines = [f"  - {problem}" for problem in self.problems]
+        text = "invalid configuration:\n" + "\n".join(lines)
+        if hint:
+            text += f"\n{hint}"
+        super().__init__(text)

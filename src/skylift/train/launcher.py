@@ -1,0 +1,94 @@
+"""Start workers through PyTorch's own launcher (torchrun's elastic agent).
+
+skylift builds torchrun's arguments and calls ``torch.distributed.run`` in this
+process, so it is exactly torchrun underneath: same rendezvous, same environment,
+same failure handling. Static rendezvous (``--master-addr/--master-port``) is used
+because with ``--rdzv-backend c10d`` torchrun ignores ``--node-rank`` and numbers
+nodes by join order.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+__all__ = ["Topology", "launch_workers", "torchrun_arguments"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many processes on how many nodes, and where rank 0's node listens."""
+
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def validate(self) -> None:
+        from skylift.errors import SkyliftConfigError
+
+        problems = []
+        if self.nproc < 1:
+            problems.append(f"--nproc must be >= 1, got {self.nproc}")
+        if self.nnodes < 1:
+            problems.append(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            problems.append(f"--node-rank must be in [0, {self.nnodes - 1}], got {self.node_rank}")
+        if self.nnodes > 1 and self.master_port is None:
+            problems.append("--master-port is required with --nnodes > 1 (the same port on every node)")
+        if self.nnodes > 1 and self.master_addr in ("127.0.0.1", "localhost"):
+            problems.append("--master-addr must be node 0's address reachable from every node when --nnodes > 1")
+        if problems:
+            raise SkyliftConfigError(problems, hint="Example: skylift run CONFIG --nproc 8 --nnodes 2 "
+                                     "--node-rank 0 --master-addr 10.0.0.5 --master-port 29500")
+
+
+def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) -> list[str]:
+    """torchrun's argv for ``entry`` (a module and its args when ``module``, else a script)."""
+    port = topology.master_port or _free_port()
+    argv = [
+        f"--nproc-per-node={topology.nproc}",
+        f"--nnodes={topology.nnodes}",
+        f"--node-rank={topology.node_rank}",
+        f"--master-addr={topology.master_addr}",
+        f"--master-port={port}",
+        "--max-restarts=0",
+    ]
+    if module:
+        argv.append("-m")
+    return argv + entry
+
+
+def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int:
+    """Run ``entry`` on ``topology.nproc`` local workers; return the job's exit code.
+
+    A failed worker's own exit code is returned (not torchrun's generic 1), so codes
+    such as "requeue" reach the caller's scheduler.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    # torchrun would force 1 thread per worker with a warning; share the cores instead.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // topology.nproc)))
+    args = get_args_parser().parse_args(torchrun_arguments(topology, entry, module=module))
+    try:
+        run(args)
+    except ChildFailedError as error:
+        codes = [failure.exitcode for failure in error.failures.values()]
+        first = next((code for code in codes if code and code > 0), 1)
+        print(f"skylift: {len(codes)} worker(s) failed; exit code {first}", file=sys.stderr)
+        return first
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

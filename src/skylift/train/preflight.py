@@ -1,0 +1,51 @@
+"""Everything that can be checked before a process group, GPU or cloud is touched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from skylift.config.schema import RunConfig
+from skylift.errors import SkyliftConfigError
+from skylift.train.precision import DeviceInfo, resolve_precision
+
+__all__ = ["preflight"]
+
+
+def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
+    """Validate what depends on the job's shape and this machine; return the plan.
+
+    Raises:
+        SkyliftConfigError: naming each field to change.
+    """
+    try:
+        micro_batch = config.micro_batch_size(world_size)
+    except ValueError as error:
+        raise SkyliftConfigError(str(error)) from None
+    device = _local_device(config.device)
+    policy = resolve_precision(config.precision, DeviceInfo.detect(device))
+    return {
+        "world_size": world_size,
+        "device": device.type,
+        "precision": policy.name,
+        "precision_reason": policy.reason,
+        "grad_scaler": policy.use_grad_scaler,
+        "global_batch_size": config.data.global_batch_size,
+        "micro_batch_size_per_rank": micro_batch,
+        "accumulation_steps": config.accumulation.steps,
+        "epochs": config.schedule.epochs,
+        "max_steps": config.schedule.max_steps,
+        "run_dir": str(config.run_dir),
+    }
+
+
+def _local_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise SkyliftConfigError(
+            "device: cuda was requested but no CUDA GPU is visible",
+            hint="Check the driver with `nvidia-smi`, or set device: auto.",
+        )
+    if requested != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")

@@ -1,0 +1,302 @@
+"""The Trainer: runs the loop drawn in :mod:`skylift.train.events` from a RunConfig.
+
+It wires the parts (runtime, recipe, data, optimizer, callbacks) and leaves each
+concern to its owner: precision and DDP to :class:`~skylift.train.runtime.Runtime`,
+metrics and progress to callbacks, the task to the :class:`~skylift.recipes.base.Recipe`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from skylift.config.load import dump_config
+from skylift.config.schema import RunConfig
+from skylift.data.datasets import DatasetSplit
+from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
+from skylift.monitor.metrics import MetricsLogger
+from skylift.monitor.progress import ProgressBar
+from skylift.recipes import build_recipe
+from skylift.recipes.base import Recipe
+from skylift.run_dir import RunDirectory
+from skylift.train.distributed import DistributedContext
+from skylift.train.events import Callback, Event, EventBus, TrainState
+from skylift.train.optim import build_lr_schedule, build_optimizer
+from skylift.train.runtime import Runtime
+
+__all__ = ["RunSummary", "Trainer"]
+
+log = logging.getLogger("skylift")
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports (also written to ``RUN_DIR/summary.json``)."""
+
+    run_dir: str
+    steps: int
+    epochs_completed: int
+    samples_seen: int
+    train_time_s: float
+    samples_per_s: float
+    precision: str
+    precision_reason: str
+    device: str
+    world_size: int
+    eval_metrics: dict[str, float]
+    replicas_agree: bool | None
+    replica_max_abs_diff: float | None
+    stopped_early: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Parts:
+    """Everything :meth:`Trainer.fit` builds before the loop starts."""
+
+    data: DatasetSplit
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: GlobalBatchSampler
+    train_loader: Any
+    val_loader: Any | None
+
+
+class Trainer:
+    """Train ``recipe`` as ``config`` says.
+
+    Args:
+        config: the validated run configuration.
+        recipe: the task; default: the one named by ``config.recipe.name``.
+        callbacks: extra subscribers to the loop's events.
+        context: an initialised distributed context (default: from the environment).
+
+    Example:
+        >>> from skylift.config import load_config
+        >>> summary = Trainer(load_config("examples/quickstart.yaml")).fit()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        recipe: Recipe | None = None,
+        callbacks: Sequence[Callback] = (),
+        context: DistributedContext | None = None,
+    ) -> None:
+        self.config = config
+        self.recipe = recipe or build_recipe(config)
+        self.runtime = Runtime.from_config(config, context)
+        self.run_dir = RunDirectory(config.run_dir)
+        self.events = EventBus()
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            log_every_steps=config.monitor.log_every_steps,
+            tensorboard=config.monitor.tensorboard,
+            is_writer=self.runtime.dist.is_main,
+        )
+        self.events.add(self.metrics)
+        if self.runtime.dist.is_main and _progress_wanted(config.monitor.progress_bar):
+            self.events.add(ProgressBar(self.metrics))
+        for callback in callbacks:
+            self.events.add(callback)
+
+    def fit(self) -> RunSummary:
+        """Build the parts, run every epoch, evaluate, and report."""
+        self._seed_everything()
+        parts = self._build()
+        state = TrainState(
+            total_steps=self._total_steps(parts.sampler),
+            steps_per_epoch=parts.sampler.steps_per_epoch,
+            global_batch_size=self.config.data.global_batch_size,
+        )
+        self._prepare_run_dir()
+        policy = self.runtime.precision
+        log.info("precision %s (%s)", policy.name, policy.reason)
+        self.events.fire(Event.FIT_START, state)
+        started = time.perf_counter()
+        self._run_epochs(parts, state)
+        train_time_s = time.perf_counter() - started
+        self.events.fire(Event.CHECKPOINT, state)
+        self._save_final_model(parts.model)
+        summary = self._summarize(parts, state, train_time_s)
+        self.events.fire(Event.FIT_END, state)
+        if self.runtime.dist.is_main:
+            self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
+        return summary
+
+    def _build(self) -> _Parts:
+        config, runtime = self.config, self.runtime
+        data = self.recipe.build_datasets()
+        model = self.recipe.build_model(data)
+        optimizer = build_optimizer(model, config.optim, runtime.device)
+        sampler = GlobalBatchSampler(
+            len(data.train),  # type: ignore[arg-type]
+            config.data.global_batch_size,
+            config.accumulation.steps,
+            rank=runtime.dist.rank,
+            world_size=runtime.dist.world_size,
+            seed=config.seed,
+        )
+        scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(sampler))
+        model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
+        train_loader = runtime.prepare_dataloader(self._loader(data.train, sampler))
+        val_loader = None
+        if data.val is not None:
+            eval_sampler = ShardedEvalSampler(
+                len(data.val),  # type: ignore[arg-type]
+                config.data.eval_batch_size,
+                rank=runtime.dist.rank,
+                world_size=runtime.dist.world_size,
+            )
+            val_loader = runtime.prepare_dataloader(self._loader(data.val, eval_sampler))
+        return _Parts(data, model, optimizer, scheduler, sampler, train_loader, val_loader)
+
+    def _loader(self, dataset: Any, batch_sampler: Any) -> DataLoader:
+        data = self.config.data
+        return DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            num_workers=data.num_workers,
+            pin_memory=data.pin_memory and self.runtime.device.type == "cuda",
+            persistent_workers=data.num_workers > 0,
+        )
+
+    def _total_steps(self, sampler: GlobalBatchSampler) -> int:
+        planned = sampler.steps_per_epoch * self.config.schedule.epochs
+        cap = self.config.schedule.max_steps
+        return min(planned, cap) if cap else planned
+
+    def _run_epochs(self, parts: _Parts, state: TrainState) -> None:
+        schedule = self.config.schedule
+        for epoch in range(state.epoch, schedule.epochs):
+            state.epoch = epoch
+            parts.sampler.set_epoch(epoch, start_step=state.step - epoch * state.steps_per_epoch)
+            self.events.fire(Event.EPOCH_START, state)
+            batches = iter(parts.train_loader)
+            while state.step < min(state.total_steps, (epoch + 1) * state.steps_per_epoch):
+                self._train_step(parts, state, batches)
+                if state.stop_requested:
+                    self.events.fire(Event.PREEMPTION_NOTICE, state)
+                    return
+            last = state.step >= state.total_steps
+            if parts.val_loader is not None and (last or (epoch + 1) % schedule.eval_every_epochs == 0):
+                state.eval_metrics = self._evaluate(parts)
+                self.events.fire(Event.EVAL_END, state)
+            self.events.fire(Event.EPOCH_END, state)
+            if last:
+                return
+
+    def _train_step(self, parts: _Parts, state: TrainState, batches: Iterator[Any]) -> None:
+        runtime, recipe = self.runtime, self.recipe
+        self.events.fire(Event.STEP_START, state)
+        state.lr = parts.optimizer.param_groups[0]["lr"]  # the LR this step uses
+        started = time.perf_counter()
+        data_wait_s = 0.0
+        loss_sum: torch.Tensor | None = None
+        for _ in range(runtime.accumulation_steps):
+            before = time.perf_counter()
+            batch = next(batches)
+            data_wait_s += time.perf_counter() - before
+            with runtime.autocast():
+                loss = recipe.training_loss(parts.model, batch)
+            runtime.backward(loss)
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            runtime.optimizer_step()
+        assert loss_sum is not None
+        state.step += 1
+        state.samples_seen += state.global_batch_size
+        state.loss = loss_sum / runtime.accumulation_steps
+        state.grad_norm = runtime.last_grad_norm
+        state.data_wait_s = data_wait_s
+        state.step_time_s = time.perf_counter() - started
+        self.events.fire(Event.STEP_END, state)
+
+    @torch.no_grad()
+    def _evaluate(self, parts: _Parts) -> dict[str, float]:
+        # The unwrapped module: DDP's forward may broadcast buffers (a collective), and
+        # ranks can hold different numbers of evaluation batches.
+        module = self.runtime.unwrap(parts.model)
+        module.eval()
+        totals: dict[str, torch.Tensor] = {}
+        for batch in parts.val_loader:
+            with self.runtime.precision.autocast(self.runtime.device.type):
+                sums = self.recipe.eval_sums(module, batch)
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0) + value.detach().double()
+        module.train()
+        keys = sorted(totals)
+        stacked = torch.stack([totals[key] for key in keys]) if keys else torch.zeros(0)
+        if self.runtime.dist.is_distributed:
+            dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        return self.recipe.summarize(dict(zip(keys, stacked.tolist(), strict=True)))
+
+    def _seed_everything(self) -> None:
+        seed = self.config.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        if self.config.deterministic:
+            torch.use_deterministic_algorithms(True)
+
+    def _prepare_run_dir(self) -> None:
+        if self.runtime.dist.is_main:
+            self.run_dir.create()
+            self.run_dir.write_text_atomic(self.run_dir.config_path, dump_config(self.config))
+
+    def _save_final_model(self, model: nn.Module) -> None:
+        if self.config.checkpoint.save_final_model and self.runtime.dist.is_main:
+            from safetensors.torch import save_model
+
+            save_model(self.runtime.unwrap(model), str(self.run_dir.model_path))
+
+    def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float) -> RunSummary:
+        agree, max_diff = self._check_replicas(parts.model)
+        if agree is False:
+            log.error("DDP replicas diverged: max |param - rank 0 param| = %.3g", max_diff)
+        steps_run = state.step
+        return RunSummary(
+            run_dir=str(self.run_dir.root),
+            steps=steps_run,
+            epochs_completed=state.epoch + (0 if state.stop_requested else 1),
+            samples_seen=state.samples_seen,
+            train_time_s=round(train_time_s, 3),
+            samples_per_s=round(state.samples_seen / train_time_s, 2) if train_time_s else 0.0,
+            precision=self.runtime.precision.name,
+            precision_reason=self.runtime.precision.reason,
+            device=str(self.runtime.device),
+            world_size=self.runtime.dist.world_size,
+            eval_metrics=state.eval_metrics,
+            replicas_agree=agree,
+            replica_max_abs_diff=max_diff,
+            stopped_early=state.stop_requested,
+        )
+
+    def _check_replicas(self, model: nn.Module) -> tuple[bool | None, float | None]:
+        """Compare every rank's parameters with rank 0's (one broadcast at the end)."""
+        if not self.runtime.dist.is_distributed:
+            return None, None
+        flat = torch.cat([p.detach().reshape(-1).float() for p in self.runtime.unwrap(model).parameters()])
+        reference = flat.clone()
+        dist.broadcast(reference, src=0)
+        local = (flat - reference).abs().max()
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        max_diff = float(local)
+        return max_diff == 0.0, max_diff
+
+
+def _progress_wanted(setting: str) -> bool:
+    return setting == "on" or (setting == "auto" and sys.stdout.isatty())

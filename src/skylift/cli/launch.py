@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_topology_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command; start nothing")
     parser.add_argument(
-        "command",
+        "script_command",
         nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT [ARGS ...]",
         help="after --: the script and its arguments, e.g. -- python train.py --epochs 3 (or -- -m pkg.module)",
     )
 
@@ -30,7 +31,7 @@ def execute(args: argparse.Namespace) -> int:
     from skylift.errors import SkyliftConfigError
     from skylift.train.launcher import launch_workers, torchrun_arguments
 
-    command = _script_command(args.command)
+    command = _script_command(args.script_command)
     if not command:
         raise SkyliftConfigError(
             "no script given", hint="Example: skylift launch --nproc 2 -- python train.py --epochs 3"

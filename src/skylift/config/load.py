@@ -118,9 +118,9 @@ def _unknown_key(location: list[str]) -> str:
     valid = _field_names(parent_path)
     dotted = ".".join(location)
     closest = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    text = f"{dotted}: unknown key"
+    text = f"{dotted}: unknown key."
     if closest:
-        text += f"; did you mean {'.'.join([*parent_path, closest[0]])!r}?"
+        text += f" Did you mean {'.'.join([*parent_path, closest[0]])!r}?"
     return text + f" Valid keys here: {', '.join(sorted(valid))}"
 
 

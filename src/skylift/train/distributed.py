@@ -79,9 +79,10 @@ def exit_cleanly(code: int) -> None:
             if code == 0:
                 dist.barrier()
             dist.destroy_process_group()
-        except Exception as error:  # a failed peer must not turn a clean exit into a hang
-            print(f"skylift: process group teardown failed: {error}", file=sys.stderr)
-            code = code or 1
+        except Exception as error:
+            # A peer that died makes the barrier fail. This worker's own exit code still
+            # describes its own work; the launcher reports the peer's failure.
+            print(f"skylift: process group teardown failed (a peer exited early): {error}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

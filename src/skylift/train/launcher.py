@@ -81,10 +81,10 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
     try:
         run(args)
     except ChildFailedError as error:
-        codes = [failure.exitcode for failure in error.failures.values()]
-        first = next((code for code in codes if code and code > 0), 1)
-        print(f"skylift: {len(codes)} worker(s) failed; exit code {first}", file=sys.stderr)
-        return first
+        rank, failure = error.get_first_failure()
+        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
+        return code
     return 0
 
 

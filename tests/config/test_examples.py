@@ -1,0 +1,22 @@
+"""Every shipped example config must load (litgpt config_hub pattern)."""
+
+from __future__ import annotations
+
+import pytest
+
+from skylift.config import load_config
+from skylift.train.preflight import preflight
+from tests.conftest import EXAMPLES
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+
+
+def test_examples_exist():
+    assert EXAMPLE_FILES, "examples/ holds no YAML"
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda path: path.name)
+def test_example_loads_and_passes_preflight(path):
+    config = load_config(path)
+    plan = preflight(config, world_size=1)
+    assert plan["micro_batch_size_per_rank"] >= 1

@@ -39,3 +39,28 @@ def run_cli(*args: str, timeout_s: float = 300, env: dict[str, str] | None = Non
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """One moto S3 server on 127.0.0.1 for the session, with sentinel credentials."""
+    from tests.servers import S3_ENVIRONMENT, MotoServer
+
+    saved = {name: os.environ.get(name) for name in S3_ENVIRONMENT}
+    os.environ.update(S3_ENVIRONMENT)
+    server = MotoServer().start()
+    yield server
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
+def s3_bucket(moto_server):
+    """A fresh, empty bucket; returns its name."""
+    moto_server.reset()
+    moto_server.create_bucket("skylift-test")
+    return "skylift-test"

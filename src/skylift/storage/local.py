@@ -1,0 +1,131 @@
+"""A local folder as a store: temporary file, fsync, rename; exclusive create by hard link."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from skylift.storage.base import Store
+from skylift.storage.errors import (
+    StorageFullError,
+    StorageNotFoundError,
+    StoragePermanentError,
+    StoragePreconditionFailed,
+)
+
+__all__ = ["LocalStore"]
+
+_TEMPORARY_PREFIX = ".skylift-tmp-"
+
+
+class LocalStore(Store):
+    """Objects are files under ``root``.
+
+    Writes go to a hidden temporary file in the same folder, are fsync'd, then renamed
+    over the target (``if_absent``: hard-linked, which fails if the target exists),
+    and the folder is fsync'd, so a crash leaves the old object or the new one.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.url = str(self.root)
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        target = self.path(key)
+        temporary = target.with_name(f"{_TEMPORARY_PREFIX}{target.name}.{uuid.uuid4().hex}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            self._publish(temporary, target, if_absent=if_absent)
+            _fsync_directory(target.parent)
+        except OSError as error:
+            raise self._translate(error, key) from error
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def read_bytes(self, key: str) -> bytes:
+        try:
+            return self.path(key).read_bytes()
+        except OSError as error:
+            raise self._translate(error, key) from error
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            with open(self.path(key), "rb") as handle:
+                handle.seek(start)
+                return handle.read(max(0, end - start))
+        except OSError as error:
+            raise self._translate(error, key) from error
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def size(self, key: str) -> int:
+        try:
+            return self.path(key).stat().st_size
+        except OSError as error:
+            raise self._translate(error, key) from error
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self.path(prefix) if prefix else self.root
+        if base.is_file():
+            return [prefix]
+        keys = []
+        for folder, _, names in os.walk(base):
+            for name in names:
+                if not name.startswith(_TEMPORARY_PREFIX):
+                    keys.append(str(Path(folder, name).relative_to(self.root)).replace(os.sep, "/"))
+        return sorted(keys)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        folders = set()
+        for key in keys:
+            self.path(key).unlink(missing_ok=True)
+            folders.add(self.path(key).parent)
+        for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
+            _remove_empty_folders(folder, self.root)
+
+    def _publish(self, temporary: Path, target: Path, *, if_absent: bool) -> None:
+        if not if_absent:
+            os.replace(temporary, target)
+            return
+        try:
+            os.link(temporary, target)
+        except FileExistsError:
+            raise StoragePreconditionFailed(f"{target} already exists") from None
+
+    def _translate(self, error: OSError, key: str) -> Exception:
+        if isinstance(error, FileNotFoundError):
+            return StorageNotFoundError(f"{self.describe(key)} does not exist")
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StorageFullError(
+                f"no space left writing {self.describe(key)}; free space on that disk or point "
+                "checkpoint.root at a larger one"
+            )
+        return StoragePermanentError(f"{self.describe(key)}: {error.strerror or error}")
+
+
+def _fsync_directory(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove_empty_folders(folder: Path, root: Path) -> None:
+    while folder != root and root in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent

@@ -1,23 +1,11 @@
-"""Trainer overhead: one model, data set and optimizer run by four training loops.
+"""Trainer overhead: the same ResNet-18, data and AdamW run by four training loops.
 
-Contenders, all on the CPU in one process, with identical work per step (ResNet-18,
-64x64 synthetic images from :func:`skylift.data.datasets.synthetic_images`, global
-batch 32, AdamW lr 1e-3 with weight decay 0.01 on >= 2-D parameters only, foreach
-kernels, gradient clipping to norm 1.0, bf16 autocast where asked):
-
-* ``hand_loop``: a plain PyTorch loop, the reference;
-* ``skylift``: :class:`skylift.train.trainer.Trainer`, timed by a step-end callback;
-* ``accelerate``: Hugging Face Accelerate (``Accelerator(cpu=True)``);
-* ``fabric``: Lightning Fabric (``Fabric(accelerator="cpu", devices=1)``).
-
-Every timed run builds its model, optimizer and loader from scratch (as a Trainer fit
-does), runs ``warmup_steps`` untimed steps, then times ``timed_steps`` steps from the
-end of the last warm-up step to the end of the last step. Per precision, each
-contender first runs once untimed, then the contenders alternate in rotating order for
-``repeats`` rounds. Reported: median samples/s and its ratio to the hand loop's.
-
-    .venv/bin/python -m benchmarks.trainer_overhead           # full run, ~6 minutes
-    .venv/bin/python -m benchmarks.trainer_overhead --quick   # smoke test
+``hand_loop`` (plain PyTorch, the reference), ``skylift`` (its Trainer, timed by a
+step-end callback), ``accelerate`` and ``fabric``, on the CPU in one process. Every
+run builds model, optimizer and loader afresh, runs ``warmup_steps`` untimed steps and
+times ``timed_steps`` more. Per precision, each contender runs once untimed, then all
+alternate in rotating order for ``repeats`` rounds; reported: median samples/s and its
+ratio to the hand loop's. ``python -m benchmarks.trainer_overhead [--quick]``.
 """
 
 from __future__ import annotations
@@ -26,14 +14,12 @@ import argparse
 import contextlib
 import gc
 import json
+import logging
 import os
-import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from importlib.metadata import version
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +28,7 @@ import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.common import Stamp, clock, environment, print_table, summarize, window_rates
 from skylift.config.load import load_config
 from skylift.data.datasets import synthetic_images
 from skylift.train.events import Callback, TrainState
@@ -73,9 +60,6 @@ class RunSpec:
         return self.warmup_steps + self.timed_steps
 
 
-# ---------------------------------------------------------------- shared parts
-
-
 def build_model_and_optimizer(seed: int = SEED) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The same init as skylift's Trainer (seed, then build); its weight-decay grouping."""
     torch.manual_seed(seed)
@@ -90,25 +74,22 @@ def plain_loader(dataset: TensorDataset) -> DataLoader:
     return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True, num_workers=0)
 
 
-def train_steps(loader: Any, total_steps: int, step: Callable[[torch.Tensor, torch.Tensor], None]) -> list[float]:
-    """Run ``step`` on ``total_steps`` batches; return each step's end time (perf_counter s)."""
-    step_end_s: list[float] = []
+def train_steps(loader: Any, total_steps: int, step: Callable[[torch.Tensor, torch.Tensor], None]) -> list[Stamp]:
+    """Run ``step`` on ``total_steps`` batches; return the clock at each step's end."""
+    step_ends: list[Stamp] = []
     for images, labels in loader:
         step(images, labels)
-        step_end_s.append(time.perf_counter())
-        if len(step_end_s) == total_steps:
+        step_ends.append(clock())
+        if len(step_ends) == total_steps:
             break
-    return step_end_s
+    return step_ends
 
 
 def bf16_autocast(precision: str) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
 
-# ---------------------------------------------------------------- contenders
-
-
-def run_hand_loop(spec: RunSpec) -> list[float]:
+def run_hand_loop(spec: RunSpec) -> list[Stamp]:
     model, optimizer = build_model_and_optimizer()
     parameters = list(model.parameters())
 
@@ -123,14 +104,14 @@ def run_hand_loop(spec: RunSpec) -> list[float]:
     return train_steps(plain_loader(spec.data), spec.total_steps, step)
 
 
+@dataclass
 class StepClock(Callback):
     """Records when each optimizer step of a skylift run ended (after the metrics logger)."""
 
-    def __init__(self) -> None:
-        self.step_end_s: list[float] = []
+    step_ends: list[Stamp] = field(default_factory=list)
 
     def on_step_end(self, state: TrainState) -> None:
-        self.step_end_s.append(time.perf_counter())
+        self.step_ends.append(clock())
 
 
 def skylift_overrides(spec: RunSpec, run_dir: str) -> list[str]:
@@ -147,14 +128,14 @@ def skylift_overrides(spec: RunSpec, run_dir: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run_skylift(spec: RunSpec) -> list[float]:
-    clock = StepClock()
+def run_skylift(spec: RunSpec) -> list[Stamp]:
+    step_clock = StepClock()
     with tempfile.TemporaryDirectory(prefix="skylift-bench-") as run_dir:
-        Trainer(load_config(None, skylift_overrides(spec, run_dir)), callbacks=[clock]).fit()
-    return clock.step_end_s
+        Trainer(load_config(None, skylift_overrides(spec, run_dir)), callbacks=[step_clock]).fit()
+    return step_clock.step_ends
 
 
-def run_accelerate(spec: RunSpec) -> list[float]:
+def run_accelerate(spec: RunSpec) -> list[Stamp]:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -173,9 +154,10 @@ def run_accelerate(spec: RunSpec) -> list[float]:
     return train_steps(loader, spec.total_steps, step)
 
 
-def run_fabric(spec: RunSpec) -> list[float]:
+def run_fabric(spec: RunSpec) -> list[Stamp]:
     from lightning.fabric import Fabric
 
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)  # no "Using bfloat16 AMP" per run
     precision = "bf16-mixed" if spec.precision == "bf16" else "32-true"
     fabric = Fabric(accelerator="cpu", devices=1, precision=precision)  # type: ignore[arg-type]
     model, optimizer = build_model_and_optimizer()
@@ -192,38 +174,32 @@ def run_fabric(spec: RunSpec) -> list[float]:
     return train_steps(loader, spec.total_steps, step)
 
 
-CONTENDERS: dict[str, Callable[[RunSpec], list[float]]] = {
-    "hand_loop": run_hand_loop,
-    "skylift": run_skylift,
-    "accelerate": run_accelerate,
-    "fabric": run_fabric,
-}
+CONTENDERS: dict[str, Callable[[RunSpec], list[Stamp]]] = {
+    "hand_loop": run_hand_loop, "skylift": run_skylift, "accelerate": run_accelerate, "fabric": run_fabric,
+}  # fmt: skip
 
 
-# ---------------------------------------------------------------- measurement
-
-
-def timed_run(name: str, spec: RunSpec, threads: int) -> tuple[float, float]:
-    """Run one contender; return (samples/s over the timed steps, wall seconds of the run)."""
+def timed_run(name: str, spec: RunSpec, threads: int) -> dict[str, float]:
+    """One contender's samples/s and CPU share in the timed steps, and the run's wall seconds."""
     gc.collect()
     started_s = time.perf_counter()
-    step_end_s = CONTENDERS[name](spec)
+    step_ends = CONTENDERS[name](spec)
     wall_s = time.perf_counter() - started_s
-    if len(step_end_s) != spec.total_steps:
-        raise RuntimeError(f"{name} ran {len(step_end_s)} steps, expected {spec.total_steps}")
+    if len(step_ends) != spec.total_steps:
+        raise RuntimeError(f"{name} ran {len(step_ends)} steps, expected {spec.total_steps}")
     if torch.get_num_threads() != threads:
         raise RuntimeError(f"{name} changed torch's thread count to {torch.get_num_threads()}")
-    window_s = step_end_s[-1] - step_end_s[spec.warmup_steps - 1]
-    return BATCH_SIZE * spec.timed_steps / window_s, wall_s
+    rates = window_rates(step_ends[spec.warmup_steps - 1], step_ends[-1], BATCH_SIZE * spec.timed_steps, threads)
+    return {**rates, "wall_s": wall_s}
 
 
 def probe(precision: str, warmup_steps: int, threads: int) -> dict[str, float]:
     """Time a short hand-loop run: seconds per step and the fixed cost of a run."""
     probe_steps = max(3, warmup_steps)
     data = synthetic_images(BATCH_SIZE * (warmup_steps + probe_steps), IMAGE_SIZE_PX, NUM_CLASSES, SEED).train
-    samples_per_s, wall_s = timed_run("hand_loop", RunSpec(precision, data, warmup_steps, probe_steps), threads)
-    step_s = BATCH_SIZE / samples_per_s
-    return {"step_s": step_s, "run_fixed_s": max(0.0, wall_s - (warmup_steps + probe_steps) * step_s)}
+    run = timed_run("hand_loop", RunSpec(precision, data, warmup_steps, probe_steps), threads)
+    step_s = BATCH_SIZE / run["samples_per_s"]
+    return {"step_s": step_s, "run_fixed_s": max(0.0, run["wall_s"] - (warmup_steps + probe_steps) * step_s)}
 
 
 def plan_timed_steps(probes: dict[str, dict[str, float]], args: argparse.Namespace, spent_s: float) -> int:
@@ -236,79 +212,47 @@ def plan_timed_steps(probes: dict[str, dict[str, float]], args: argparse.Namespa
 
 
 def measure_precision(precision: str, args: argparse.Namespace, timed_steps: int, threads: int) -> dict[str, Any]:
+    """Warm every contender up once, then time them in rotating order ``args.repeats`` times."""
     data = synthetic_images(BATCH_SIZE * (args.warmup_steps + timed_steps), IMAGE_SIZE_PX, NUM_CLASSES, SEED).train
     names = list(CONTENDERS)
-    for name in names:  # untimed warm-up run of every contender
+    for name in names:
         timed_run(name, RunSpec(precision, data, args.warmup_steps, args.warmup_steps), threads)
-    samples_per_s: dict[str, list[float]] = {name: [] for name in names}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     spec = RunSpec(precision, data, args.warmup_steps, timed_steps)
     for repeat in range(args.repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
-            samples_per_s[name].append(timed_run(name, spec, threads)[0])
-            print(f"  {precision} repeat {repeat + 1}/{args.repeats} {name}: {samples_per_s[name][-1]:.2f} samples/s")
-    reference = statistics.median(samples_per_s["hand_loop"])
-    return {
-        name: {
-            "samples_per_s": round(statistics.median(values), 3),
-            "ratio_to_hand_loop": round(statistics.median(values) / reference, 4),
-            "all_samples_per_s": [round(value, 3) for value in values],
-        }
-        for name, values in samples_per_s.items()
-    }
-
-
-# ---------------------------------------------------------------- report
-
-
-def print_table(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    title = (
-        f"Trainer overhead: {MODEL_NAME} {IMAGE_SIZE_PX}x{IMAGE_SIZE_PX}, batch {BATCH_SIZE}, "
-        f"{config['timed_steps']} timed steps x {config['repeats']} repeats, {config['threads']} threads"
-    )
-    table = Table(title=title)
-    for column in ("precision", "contender", "median samples/s", "ratio to hand loop", "min..max samples/s"):
-        table.add_column(column, justify="left" if column in ("precision", "contender") else "right")
-    for precision, by_name in results.items():
-        for name, row in by_name.items():
-            values = row["all_samples_per_s"]
-            spread = f"{min(values):.2f}..{max(values):.2f}"
-            table.add_row(precision, name, f"{row['samples_per_s']:.2f}", f"{row['ratio_to_hand_loop']:.3f}", spread)
-    Console(width=120).print(table)
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            run = timed_run(name, spec, threads)
+            runs[name].append(run)
+            print(f"  {precision} {repeat + 1}/{args.repeats} {name:<10} {run['samples_per_s']:7.2f} samples/s, "
+                  f"CPU share {run['cpu_share']:.2f}")  # fmt: skip
+    return summarize(runs, reference="hand_loop")
 
 
 def describe_setup(args: argparse.Namespace, threads: int, timed_steps: int) -> dict[str, Any]:
-    packages = ("torch", "torchvision", "accelerate", "lightning", "skylift")
     return {
         "model": MODEL_NAME, "image_size": IMAGE_SIZE_PX, "num_classes": NUM_CLASSES, "batch": BATCH_SIZE,
         "optimizer": {"name": "AdamW", "lr": LR, "weight_decay": WEIGHT_DECAY, "foreach": True},
         "grad_clip_norm": GRAD_CLIP_NORM, "seed": SEED, "warmup_steps": args.warmup_steps,
-        "steps": timed_steps, "timed_steps": timed_steps, "repeats": args.repeats, "quick": args.quick,
-        "order": "rotating", "threads": threads, "cpu": DeviceInfo.detect(torch.device("cpu")).name,
-        "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        "versions": {name: version(name) for name in packages},
+        "steps": timed_steps, "repeats": args.repeats, "quick": args.quick, "order": "rotating",
+        **environment(threads, ("torch", "torchvision", "accelerate", "lightning", "skylift")),
     }  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke test: few steps, 2 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per precision (default 5, quick 2)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="untimed steps per run (default 3, quick 1)")
-    parser.add_argument("--timed-steps", type=int, default=None, help="timed steps per run (default: from a probe)")
-    parser.add_argument("--target-minutes", type=float, default=6.0, help="whole-benchmark time the plan aims at")
-    parser.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 3 timed steps, 2 repeats")
+    parser.add_argument("--repeats", type=int, help="timed rounds per precision (default 5, quick 2)")
+    parser.add_argument("--warmup-steps", type=int, help="untimed steps per run (default 3, quick 1)")
+    parser.add_argument("--timed-steps", type=int, help="timed steps per run (default: planned from a probe)")
+    parser.add_argument("--target-minutes", type=float, default=6.0, help="time the planned benchmark aims at")
+    parser.add_argument("--output", type=Path, help="JSON path (default benchmarks/results/trainer_overhead.json)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.warmup_steps = args.warmup_steps or (1 if args.quick else 3)
     args.timed_steps = args.timed_steps or (3 if args.quick else None)
-    name = "trainer_overhead_quick.json" if args.quick else "trainer_overhead.json"
-    args.output = args.output or RESULTS_DIR / name
-    if args.repeats < 1 or args.warmup_steps < 1:
-        parser.error("--repeats and --warmup-steps must be >= 1")
+    args.output = args.output or RESULTS_DIR / f"trainer_overhead{'_quick' if args.quick else ''}.json"
+    if min(args.repeats, args.warmup_steps, args.timed_steps or 1) < 1:
+        parser.error("--repeats, --warmup-steps and --timed-steps must be >= 1")
     return args
 
 
@@ -316,26 +260,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     started_s = time.perf_counter()
     threads = os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    precisions = ["fp32"]
-    if DeviceInfo.detect(torch.device("cpu")).cpu_native_bf16:
-        precisions.append("bf16")
-    else:
-        print("this CPU has no native bf16 (skylift refuses bf16 on it): measuring fp32 only")
-    timed_steps = args.timed_steps
-    probes: dict[str, dict[str, float]] = {}
-    if timed_steps is None:
-        probes = {precision: probe(precision, args.warmup_steps, threads) for precision in precisions}
-        timed_steps = plan_timed_steps(probes, args, time.perf_counter() - started_s)
-        print(f"probe {json.dumps(probes)} -> {timed_steps} timed steps per run")
-    load_start = os.getloadavg()
+    torch.set_num_threads(threads)  # once, the same for every contender
+    precisions = ["fp32", "bf16"] if DeviceInfo.detect(torch.device("cpu")).cpu_native_bf16 else ["fp32"]
+    probes = {} if args.timed_steps else {p: probe(p, args.warmup_steps, threads) for p in precisions}
+    timed_steps = args.timed_steps or plan_timed_steps(probes, args, time.perf_counter() - started_s)
+    print(f"precisions {precisions}, probe {json.dumps(probes)} -> {timed_steps} timed steps per run")
+    load_start = os.getloadavg()[0]
     results = {precision: measure_precision(precision, args, timed_steps, threads) for precision in precisions}
     config = describe_setup(args, threads, timed_steps)
-    config.update(
-        probe=probes, load_average_1m_start=load_start[0], load_average_1m_end=os.getloadavg()[0],
-        elapsed_s=round(time.perf_counter() - started_s, 1),
-    )  # fmt: skip
-    print_table(results, config)
+    config.update(probe=probes, load_average_1m_start=load_start, load_average_1m_end=os.getloadavg()[0])
+    config["elapsed_s"] = round(time.perf_counter() - started_s, 1)
+    title = (
+        f"Trainer overhead: {MODEL_NAME} {IMAGE_SIZE_PX}x{IMAGE_SIZE_PX}, batch {BATCH_SIZE}, "
+        f"{timed_steps} timed steps x {args.repeats} repeats, {threads} threads"
+    )
+    print_table(title, results, reference="hand_loop")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
     print(f"wrote {args.output} ({config['elapsed_s']} s)")

@@ -6,7 +6,7 @@ the field and the fix; internal invariants use ``assert``.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_CONFIG_ERROR", "EXIT_FAILURE", "EXIT_OK", "SkyliftConfigError", "SkyliftError"]
+__all__ = ["EXIT_CONFIG_ERROR", "EXIT_FAILURE", "EXIT_OK", "EXIT_REQUEUE", "SkyliftConfigError", "SkyliftError"]
 
 EXIT_OK = 0
 """The run finished."""
@@ -31,3 +31,9 @@ class SkyliftConfigError(SkyliftError, ValueError):
         if hint:
             text += f"\n{hint}"
         super().__init__(text)
+
+EXIT_REQUEUE = 143
+"""Preempted (spot notice or SIGTERM): the state is saved as far as the notice window
+allowed; run the same command again to resume. 143 (128 + SIGTERM) because schedulers
+such as Kubeflow's PyTorchJob ``restartPolicy: ExitCode`` retry codes 128-255 and treat
+1-127 as permanent failures."""

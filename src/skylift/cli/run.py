@@ -13,6 +13,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_topology_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     parser.add_argument("--json", action="store_true", help="print the plan or the final summary as JSON")
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="auto|never|PATH",
+        help="auto (default): the newest checkpoint that verifies; never; or one step-N folder",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -20,8 +26,10 @@ def execute(args: argparse.Namespace) -> int:
     from skylift.train.distributed import launched_by_torchrun
     from skylift.train.preflight import preflight
 
+    if args.resume is not None:
+        args.overrides = [*args.overrides, f"checkpoint.resume={args.resume}"]
     config = load_config(args.config, args.overrides)
-    topology = topology_from(args)
+    topology = topology_from(args, grace_s=config.preemption.grace_s)
     plan = preflight(config, topology.world_size)
     if args.dry_run:
         _print_plan(plan, as_json=args.json)

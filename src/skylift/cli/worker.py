@@ -12,7 +12,7 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, SkyliftConfigError
+from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, EXIT_REQUEUE, SkyliftConfigError, SkyliftError
 
 __all__ = ["train_and_report"]
 
@@ -26,13 +26,27 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
     if as_json:
         config.monitor.progress_bar = "off"
     trainer = Trainer(config)
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except SkyliftConfigError:
+        raise
+    except SkyliftError as error:  # lease held, corrupt checkpoint, storage: a message, not a traceback
+        print(f"skylift run: {error}", file=sys.stderr)
+        return EXIT_FAILURE
     if trainer.runtime.dist.is_main:
         if as_json:
             print(json.dumps(summary.as_dict(), indent=2))
         else:
             print_summary(summary)
-    return 0
+    if summary.stopped_early is None:
+        return 0
+    from skylift.train.agreement import StopReason
+
+    if summary.stopped_early == StopReason.NAMES[StopReason.PREEMPTED]:
+        if trainer.runtime.dist.is_main:
+            print(f"skylift: preempted at step {summary.steps}; run the same command again to resume", file=sys.stderr)
+        return EXIT_REQUEUE
+    return EXIT_FAILURE
 
 
 def print_summary(summary) -> None:  # noqa: ANN001 - RunSummary
@@ -48,6 +62,10 @@ def print_summary(summary) -> None:  # noqa: ANN001 - RunSummary
     table.add_row("train time", f"{summary.train_time_s:.1f} s")
     table.add_row("precision", f"{summary.precision} ({summary.precision_reason})")
     table.add_row("processes", f"{summary.world_size} on {summary.device}")
+    if summary.resumed_from_step is not None:
+        table.add_row("resumed from", f"step {summary.resumed_from_step}")
+    if summary.stopped_early:
+        table.add_row("stopped early", summary.stopped_early)
     if summary.replicas_agree is not None:
         table.add_row("replicas agree", f"{summary.replicas_agree} (max diff {summary.replica_max_abs_diff:.3g})")
     table.add_row("run folder", summary.run_dir)
@@ -64,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--resume", default=None)
     args = parser.parse_args(argv)
+    if args.resume is not None:
+        args.overrides.append(f"checkpoint.resume={args.resume}")
     try:
         return train_and_report(load_config(args.config, args.overrides), as_json=args.json)
     except SkyliftConfigError as error:

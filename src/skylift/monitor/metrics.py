@@ -89,6 +89,12 @@ class MetricsLogger(Callback):
         if self._file is not None:
             self._file.close()
 
+    def write_event(self, record: dict[str, Any]) -> None:
+        """Write a record of another kind (``checkpoint``, ``preemption``) at once."""
+        self._write(record)
+        if self._file is not None:
+            self._file.flush()
+
     def flush(self, state: TrainState) -> None:
         """Materialise buffered losses (one device sync, one all-reduce) and write them."""
         if not self._pending:

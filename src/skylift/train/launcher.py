@@ -26,6 +26,16 @@ class Topology:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    grace_s: float | None = None
+    """Seconds between forwarding SIGTERM to the workers and killing them; None: the
+    detected cloud's notice window (30 s off-cloud), not torchrun's fixed 30 s."""
+
+    def resolved_grace_s(self) -> float:
+        if self.grace_s is not None:
+            return self.grace_s
+        from skylift.cloud.notice import DEFAULT_SIGNAL_GRACE_S, NOTICE_WINDOW_S, detect_cloud
+
+        return NOTICE_WINDOW_S.get(detect_cloud() or "", DEFAULT_SIGNAL_GRACE_S)
 
     @property
     def world_size(self) -> int:
@@ -60,6 +70,9 @@ def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) ->
         f"--master-addr={topology.master_addr}",
         f"--master-port={port}",
         "--max-restarts=0",
+        f"--shutdown-timeout={max(1, round(topology.resolved_grace_s()))}",
+        # SIGUSR1 too: SLURM and some schedulers warn with it before the kill.
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
     ]
     if module:
         argv.append("-m")
@@ -70,16 +83,24 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
     """Run ``entry`` on ``topology.nproc`` local workers; return the job's exit code.
 
     A failed worker's own exit code is returned (not torchrun's generic 1), so codes
-    such as "requeue" reach the caller's scheduler.
+    such as "requeue" (143) reach the caller's scheduler. SIGTERM to this process is
+    forwarded to the workers, which get ``grace_s`` to save before SIGKILL.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    from skylift.errors import EXIT_REQUEUE
 
     # torchrun would force 1 thread per worker with a warning; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // topology.nproc)))
     args = get_args_parser().parse_args(torchrun_arguments(topology, entry, module=module))
     try:
         run(args)
+    except SignalException as error:
+        # torchrun forwarded the signal and gave the workers the grace period to save.
+        print(f"skylift: {error.sigval.name} received; workers stopped; exit {EXIT_REQUEUE} (requeue)", file=sys.stderr)
+        return EXIT_REQUEUE
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1

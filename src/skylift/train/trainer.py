@@ -30,9 +30,11 @@ from skylift.monitor.progress import ProgressBar
 from skylift.recipes import build_recipe
 from skylift.recipes.base import Recipe
 from skylift.run_dir import RunDirectory
+from skylift.train.agreement import StepAgreement, StopReason
 from skylift.train.distributed import DistributedContext
 from skylift.train.events import Callback, Event, EventBus, TrainState
 from skylift.train.optim import build_lr_schedule, build_optimizer
+from skylift.train.preemption import PreemptionWatch
 from skylift.train.runtime import Runtime
 
 __all__ = ["RunSummary", "Trainer"]
@@ -58,6 +60,7 @@ class RunSummary:
     replicas_agree: bool | None
     replica_max_abs_diff: float | None
     stopped_early: str | None
+    resumed_from_step: int | None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,30 +116,76 @@ class Trainer:
             self.events.add(ProgressBar(self.metrics))
         for callback in callbacks:
             self.events.add(callback)
+        dist_context = self.runtime.dist
+        # Collectives for step-boundary decisions run on their own gloo group, so they
+        # never queue behind (or stall) the NCCL gradient traffic.
+        control_group = dist.new_group(backend="gloo") if dist_context.is_distributed else None
+        self.agreement = StepAgreement(control_group, distributed=dist_context.is_distributed)
+        self.preemption = PreemptionWatch(config.preemption, self.agreement, local_rank=dist_context.local_rank)
+        self.checkpointing = None
+        if config.checkpoint.enabled:
+            from skylift.checkpoint.session import Checkpointing
+
+            self.checkpointing = Checkpointing(
+                config.checkpoint,
+                run_dir=config.run_dir,
+                context=dist_context,
+                agreement=self.agreement,
+                control_group=control_group,
+            )
 
     def fit(self) -> RunSummary:
-        """Build the parts, run every epoch, evaluate, and report."""
+        """Build the parts, resume, run every epoch, evaluate, save, and report."""
         self._seed_everything()
+        if self.checkpointing is not None:
+            self.checkpointing.open()  # the run lease: a second writer fails here, before any work
+        try:
+            return self._fit()
+        finally:
+            self.preemption.stop()
+            if self.checkpointing is not None:
+                self.checkpointing.close()
+
+    def _fit(self) -> RunSummary:
         parts = self._build()
         state = TrainState(
             total_steps=self._total_steps(parts.sampler),
             steps_per_epoch=parts.sampler.steps_per_epoch,
             global_batch_size=self.config.data.global_batch_size,
         )
+        resumed_from = self._resume(parts, state)
         self._prepare_run_dir()
         policy = self.runtime.precision
         log.info("precision %s (%s)", policy.name, policy.reason)
+        self.preemption.start()
         self.events.fire(Event.FIT_START, state)
         started = time.perf_counter()
         self._run_epochs(parts, state)
+        self.agreement.flush()
+        if self.checkpointing is not None:
+            self.checkpointing.finish(state)
+            self._record_saves()
         train_time_s = time.perf_counter() - started
         self.events.fire(Event.CHECKPOINT, state)
         self._save_final_model(parts.model)
-        summary = self._summarize(parts, state, train_time_s)
+        summary = self._summarize(parts, state, train_time_s, resumed_from)
         self.events.fire(Event.FIT_END, state)
         if self.runtime.dist.is_main:
             self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
         return summary
+
+    def _resume(self, parts: _Parts, state: TrainState) -> int | None:
+        if self.checkpointing is None:
+            return None
+        from skylift.checkpoint.session import TrainingObjects
+
+        objects = TrainingObjects(
+            model=self.runtime.unwrap(parts.model),
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            scaler=self.runtime.scaler,
+        )
+        return self.checkpointing.resume(objects, state)
 
     def _build(self) -> _Parts:
         config, runtime = self.config, self.runtime
@@ -189,8 +238,7 @@ class Trainer:
             batches = iter(parts.train_loader)
             while state.step < min(state.total_steps, (epoch + 1) * state.steps_per_epoch):
                 self._train_step(parts, state, batches)
-                if state.stop_requested:
-                    self.events.fire(Event.PREEMPTION_NOTICE, state)
+                if self._after_step(state):
                     return
             last = state.step >= state.total_steps
             if parts.val_loader is not None and (last or (epoch + 1) % schedule.eval_every_epochs == 0):
@@ -224,6 +272,28 @@ class Trainer:
         state.data_wait_s = data_wait_s
         state.step_time_s = time.perf_counter() - started
         self.events.fire(Event.STEP_END, state)
+
+    def _after_step(self, state: TrainState) -> bool:
+        """Apply the ranks' agreed decision; return True to leave the loop."""
+        decision = self.agreement.exchange()
+        if self.checkpointing is not None:
+            self.checkpointing.after_step(state, decision)
+            self._record_saves()
+        if decision.stop_code == StopReason.NONE:
+            return False
+        decision = self.agreement.flush() if self.runtime.dist.is_distributed else decision
+        state.stop_requested = decision.stop_reason
+        log.warning("stopping at step %d: %s", state.step, decision.stop_reason)
+        if decision.stop_code == StopReason.PREEMPTED and self.checkpointing is not None:
+            self.metrics.write_event(self.checkpointing.save_for_preemption(state, decision))
+            self._record_saves()
+        self.events.fire(Event.PREEMPTION_NOTICE, state)
+        return True
+
+    def _record_saves(self) -> None:
+        assert self.checkpointing is not None
+        for record in self.checkpointing.finished_saves():
+            self.metrics.write_event(record)
 
     @torch.no_grad()
     def _evaluate(self, parts: _Parts) -> dict[str, float]:
@@ -263,7 +333,7 @@ class Trainer:
 
             save_model(self.runtime.unwrap(model), str(self.run_dir.model_path))
 
-    def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float) -> RunSummary:
+    def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None) -> RunSummary:
         agree, max_diff = self._check_replicas(parts.model)
         if agree is False:
             log.error("DDP replicas diverged: max |param - rank 0 param| = %.3g", max_diff)
@@ -271,7 +341,7 @@ class Trainer:
         return RunSummary(
             run_dir=str(self.run_dir.root),
             steps=steps_run,
-            epochs_completed=state.epoch + (0 if state.stop_requested else 1),
+            epochs_completed=state.step // state.steps_per_epoch,
             samples_seen=state.samples_seen,
             train_time_s=round(train_time_s, 3),
             samples_per_s=round(state.samples_seen / train_time_s, 2) if train_time_s else 0.0,
@@ -283,6 +353,7 @@ class Trainer:
             replicas_agree=agree,
             replica_max_abs_diff=max_diff,
             stopped_early=state.stop_requested,
+            resumed_from_step=resumed_from,
         )
 
     def _check_replicas(self, model: nn.Module) -> tuple[bool | None, float | None]:

@@ -1,0 +1,205 @@
+"""Write checkpoints (in the background) and commit them collectively.
+
+Commit protocol, per save at step N:
+
+1. Every rank copies its share of the state off the device (the only stall the
+   training step pays when ``async_save`` is on).
+2. In the background, every rank serialises and writes its files into ``step-N/``.
+3. The ranks exchange (ok, file sizes and hashes) on a dedicated gloo group.
+4. Only if every rank succeeded, rank 0 writes ``manifest.json`` (the commit point),
+   then ``LATEST``, then deletes checkpoints beyond ``keep``. Otherwise it removes
+   ``step-N/`` and every rank learns that the save was abandoned.
+
+A crash anywhere before step 4 leaves a folder without a manifest, which readers
+ignore and the next start deletes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch.distributed as dist
+
+from skylift.checkpoint.faults import fault_point
+from skylift.checkpoint.manifest import (
+    LATEST,
+    MANIFEST,
+    Manifest,
+    committed_steps,
+    file_entry,
+    step_folder,
+    step_folders,
+)
+from skylift.checkpoint.state import Snapshot
+from skylift.storage import Store
+
+__all__ = ["CheckpointManager", "SaveResult"]
+
+log = logging.getLogger("skylift")
+
+
+class SaveResult:
+    """What happened to one save (filled in when it finishes)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.committed = False
+        self.error: str | None = None
+        self.stall_s = 0.0
+        self.write_s = 0.0
+        self.finished = False
+
+
+class CheckpointManager:
+    """Saves snapshots to ``store`` and keeps the newest ``keep`` committed ones.
+
+    Args:
+        store: the checkpoint root.
+        rank, world_size: this process's place in the job.
+        keep: committed checkpoints to keep (>= 2, so a bad newest one never leaves none).
+        async_save: write in a background thread.
+        group: a gloo process group reserved for checkpoint commits (distributed only).
+        on_commit_failure: called (in the writer thread) with the error when a save is abandoned.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rank: int,
+        world_size: int,
+        keep: int,
+        async_save: bool,
+        group: Any = None,
+        on_commit_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        if keep < 2:
+            raise ValueError(f"checkpoint.keep must be >= 2, got {keep}")
+        self.store = store
+        self.rank, self.world_size = rank, world_size
+        self.keep = keep
+        self._group = group
+        self._on_failure = on_commit_failure
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="skylift-checkpoint") if async_save else None
+        self._in_flight: Future[SaveResult] | None = None
+        self.history: list[SaveResult] = []
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None and not self._in_flight.done()
+
+    @property
+    def last_committed(self) -> SaveResult | None:
+        return next((result for result in reversed(self.history) if result.committed), None)
+
+    def remove_uncommitted(self) -> list[int]:
+        """Delete ``step-N/`` folders without a manifest (rank 0, at start, under the lease)."""
+        abandoned = [step for step, names in step_folders(self.store).items() if MANIFEST not in names]
+        for step in abandoned:
+            log.warning("removing abandoned partial checkpoint %s", self.store.describe(step_folder(step)))
+            self.store.delete_prefix(step_folder(step))
+        return abandoned
+
+    def save(self, capture: Callable[[], Snapshot], step: int, *, blocking: bool = False) -> SaveResult:
+        """Capture now; write and commit in the background unless ``blocking``.
+
+        Every rank must call this at the same step. A save still in flight is
+        finished first, so saves commit in order and never overlap.
+        """
+        self.wait()
+        result = SaveResult(step)
+        started = time.perf_counter()
+        snapshot = capture()
+        result.stall_s = time.perf_counter() - started
+        self.history.append(result)
+        if self._executor is None or blocking:
+            self._write_and_commit(snapshot, result)
+        else:
+            self._in_flight = self._executor.submit(self._write_and_commit, snapshot, result)
+        return result
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed or abandoned."""
+        if self._in_flight is not None:
+            self._in_flight.result()
+            self._in_flight = None
+
+    def close(self) -> None:
+        self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    def _write_and_commit(self, snapshot: Snapshot, result: SaveResult) -> SaveResult:
+        started = time.perf_counter()
+        entries: dict[str, dict[str, Any]] = {}
+        error = None
+        folder = step_folder(snapshot.step)
+        try:
+            for name, data in snapshot.serialize().items():
+                self.store.write_bytes(f"{folder}/{name}", data)
+                entries[name] = file_entry(data)
+            fault_point("after_payload", step=snapshot.step, rank=self.rank)
+        except Exception as failure:  # any failure abandons this save on every rank
+            error = f"rank {self.rank}: {type(failure).__name__}: {failure}"
+        result.committed, result.error = self._commit(snapshot.step, entries, error)
+        result.write_s = time.perf_counter() - started
+        result.finished = True
+        if result.committed:
+            log.info("checkpoint step %d committed (%.2f s)", snapshot.step, result.write_s)
+        else:
+            log.error("checkpoint step %d abandoned, previous commit kept: %s", snapshot.step, result.error)
+            if self._on_failure is not None:
+                self._on_failure(result.error or "unknown error")
+        return result
+
+    def _commit(self, step: int, entries: dict[str, dict[str, Any]], error: str | None) -> tuple[bool, str | None]:
+        reports = self._gather((entries, error))
+        decision: list[Any] = [False, None]
+        if self.rank == 0:
+            errors = [report[1] for report in reports if report[1]]
+            decision = [False, "; ".join(errors)] if errors else self._write_manifest(step, reports)
+            if not decision[0]:
+                self._discard(step)
+        if self.world_size > 1:
+            dist.broadcast_object_list(decision, src=0, group=self._group)
+        return bool(decision[0]), decision[1]
+
+    def _write_manifest(self, step: int, reports: list[tuple[dict, str | None]]) -> list[Any]:
+        files: dict[str, dict[str, Any]] = {}
+        for report_entries, _ in reports:
+            files.update(report_entries)
+        try:
+            manifest = Manifest.create(step, self.world_size, files)
+            self.store.write_bytes(f"{step_folder(step)}/{MANIFEST}", manifest.encode())
+            fault_point("after_manifest", step=step, rank=self.rank)
+            self.store.write_bytes(LATEST, f"{step_folder(step)}\n".encode())
+            self._apply_retention()
+        except Exception as failure:
+            if self.store.exists(f"{step_folder(step)}/{MANIFEST}"):
+                # Committed; only LATEST or retention failed, which the next save repairs.
+                log.warning("checkpoint step %d committed, but bookkeeping failed: %s", step, failure)
+                return [True, None]
+            return [False, f"rank 0: manifest: {type(failure).__name__}: {failure}"]
+        return [True, None]
+
+    def _apply_retention(self) -> None:
+        steps = committed_steps(self.store)
+        for old in steps[: -self.keep]:
+            self.store.delete_prefix(step_folder(old))
+
+    def _discard(self, step: int) -> None:
+        try:
+            self.store.delete_prefix(step_folder(step))
+        except Exception as failure:  # the next start removes it; never mask the save error
+            log.warning("could not remove abandoned %s: %s", step_folder(step), failure)
+
+    def _gather(self, report: tuple[dict, str | None]) -> list[tuple[dict, str | None]]:
+        if self.world_size == 1:
+            return [report]
+        reports: list[Any] = [None] * self.world_size
+        dist.all_gather_object(reports, report, group=self._group)
+        return reports

@@ -1,0 +1,162 @@
+"""Checkpoint layout, the manifest that commits a checkpoint, and verified reads.
+
+Layout under ``checkpoint.root``::
+
+    LEASE.json                 who is writing this run (see lease.py)
+    LATEST                     name of the newest committed checkpoint (a hint for tools)
+    step-120/
+      model.safetensors        rank 0: model weights
+      optimizer.safetensors    rank 0: optimizer tensors
+      optimizer.json           rank 0: parameter groups and scalar optimizer state
+      trainer.json             rank 0: counters, LR schedule, GradScaler
+      rng-rank<R>.safetensors  every rank: torch CPU/CUDA generator states
+      rng-rank<R>.json         every rank: Python and NumPy generator states
+      manifest.json            written last: every file with size and sha256
+
+A ``step-N/`` without a manifest that verifies does not exist for readers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from skylift.errors import SkyliftError
+from skylift.storage import StorageError, StorageNotFoundError, Store
+
+__all__ = [
+    "LATEST",
+    "MANIFEST",
+    "CorruptCheckpointError",
+    "Manifest",
+    "committed_steps",
+    "file_entry",
+    "find_latest_valid",
+    "read_verified",
+    "step_folder",
+    "step_folders",
+]
+
+log = logging.getLogger("skylift")
+
+MANIFEST = "manifest.json"
+LATEST = "LATEST"
+FORMAT = "skylift-checkpoint/1"
+_STEP_PATTERN = re.compile(r"^step-(\d+)$")
+
+
+class CorruptCheckpointError(SkyliftError):
+    """A checkpoint's manifest or one of its files does not verify."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    files: dict[str, dict[str, Any]]
+    created_at: float
+
+    def encode(self) -> bytes:
+        payload = {
+            "format": FORMAT,
+            "step": self.step,
+            "world_size": self.world_size,
+            "created_at": self.created_at,
+            "files": self.files,
+        }
+        return json.dumps(payload, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> Manifest:
+        try:
+            payload = json.loads(data)
+            if payload.get("format") != FORMAT:
+                raise ValueError(f"format {payload.get('format')!r} is not {FORMAT!r}")
+            files = {str(name): {"size": int(e["size"]), "sha256": str(e["sha256"])} for name, e in payload["files"].items()}
+            return cls(int(payload["step"]), int(payload["world_size"]), files, float(payload["created_at"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CorruptCheckpointError(f"{where}: unreadable manifest ({error})") from None
+
+    @classmethod
+    def create(cls, step: int, world_size: int, files: dict[str, dict[str, Any]]) -> Manifest:
+        return cls(step, world_size, dict(sorted(files.items())), time.time())
+
+
+def step_folder(step: int) -> str:
+    return f"step-{step}"
+
+
+def file_entry(data: bytes) -> dict[str, Any]:
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def step_folders(store: Store) -> dict[int, set[str]]:
+    """Every ``step-N`` folder under the root (committed or not) with its file names."""
+    folders: dict[int, set[str]] = {}
+    for key in store.list():
+        head, _, name = key.partition("/")
+        match = _STEP_PATTERN.match(head)
+        if match and name:
+            folders.setdefault(int(match.group(1)), set()).add(name)
+    return folders
+
+
+def committed_steps(store: Store) -> list[int]:
+    """Steps whose folder holds a manifest, oldest first (not yet verified)."""
+    return sorted(step for step, names in step_folders(store).items() if MANIFEST in names)
+
+
+def read_manifest(store: Store, step: int) -> Manifest:
+    key = f"{step_folder(step)}/{MANIFEST}"
+    try:
+        data = store.read_bytes(key)
+    except StorageNotFoundError:
+        raise CorruptCheckpointError(f"{store.describe(step_folder(step))} has no manifest: not committed") from None
+    return Manifest.decode(data, store.describe(key))
+
+
+def read_verified(store: Store, step: int, manifest: Manifest, names: list[str] | None = None) -> dict[str, bytes]:
+    """Read files of a checkpoint, checking each against the manifest.
+
+    Raises:
+        CorruptCheckpointError: naming the file, the expected and the actual sha256.
+    """
+    folder = step_folder(step)
+    wanted = names if names is not None else sorted(manifest.files)
+    contents = {}
+    for name in wanted:
+        key = f"{folder}/{name}"
+        expected = manifest.files.get(name)
+        if expected is None:
+            raise CorruptCheckpointError(f"{store.describe(key)} is not listed in the manifest")
+        try:
+            data = store.read_bytes(key)
+        except StorageNotFoundError:
+            raise CorruptCheckpointError(f"{store.describe(key)} is listed in the manifest but missing") from None
+        actual = file_entry(data)
+        if actual != expected:
+            raise CorruptCheckpointError(
+                f"{store.describe(key)} does not match the manifest: expected {expected['size']} bytes, sha256 "
+                f"{expected['sha256']}; found {actual['size']} bytes, sha256 {actual['sha256']}"
+            )
+        contents[name] = data
+    return contents
+
+
+def find_latest_valid(store: Store) -> tuple[Manifest, dict[str, bytes]] | None:
+    """The newest checkpoint whose manifest and every file verify, with its contents.
+
+    Torn or corrupt checkpoints are skipped with a warning that names them.
+    """
+    for step in reversed(committed_steps(store)):
+        try:
+            manifest = read_manifest(store, step)
+            return manifest, read_verified(store, step, manifest)
+        except (CorruptCheckpointError, StorageError) as error:
+            log.warning("skipping checkpoint %s: %s", store.describe(step_folder(step)), error)
+    return None

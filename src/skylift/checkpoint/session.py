@@ -1,0 +1,293 @@
+"""Checkpointing for one run: lease, resume, cadence, emergency save, final save.
+
+The Trainer calls :meth:`open` before building anything expensive, :meth:`resume`
+once the model and optimizer exist, :meth:`after_step` at every step boundary with
+the ranks' agreed :class:`~skylift.train.agreement.Decision`, and :meth:`close` at the
+end. Every decision that can abort is taken collectively.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from skylift.checkpoint.lease import LeaseHeldError, RunLease
+from skylift.checkpoint.manager import CheckpointManager, SaveResult
+from skylift.checkpoint.manifest import (
+    Manifest,
+    committed_steps,
+    find_latest_valid,
+    read_manifest,
+    read_verified,
+)
+from skylift.checkpoint.state import (
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    OPTIMIZER_TENSORS_FILE,
+    TRAINER_FILE,
+    capture,
+    restore_replicated,
+    restore_rng,
+    rng_files,
+)
+from skylift.config.schema import CheckpointConfig
+from skylift.errors import SkyliftConfigError
+from skylift.storage import Store, open_store
+from skylift.train.agreement import Decision, StepAgreement, StopReason
+from skylift.train.distributed import DistributedContext
+from skylift.train.events import TrainState
+
+__all__ = ["Checkpointing", "TrainingObjects"]
+
+log = logging.getLogger("skylift")
+_SAFETY_FACTOR = 1.5
+"""An emergency save starts only if 1.5x the last measured save time fits the window."""
+
+
+@dataclass
+class TrainingObjects:
+    """What a checkpoint holds, besides the counters in TrainState."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+
+
+class Checkpointing:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        run_dir: Path,
+        context: DistributedContext,
+        agreement: StepAgreement,
+        control_group: Any = None,
+    ) -> None:
+        self.config = config
+        self.context = context
+        self.agreement = agreement
+        self._control_group = control_group
+        self.store: Store = open_store(config.root or str(run_dir / "checkpoints"), endpoint_url=config.endpoint_url)
+        commit_group = dist.new_group(backend="gloo") if context.is_distributed else None
+        self.manager = CheckpointManager(
+            self.store,
+            rank=context.rank,
+            world_size=context.world_size,
+            keep=config.keep,
+            async_save=config.async_save,
+            group=commit_group,
+            on_commit_failure=self._on_save_failure,
+        )
+        self.lease = RunLease(self.store, ttl_s=config.lease_ttl_s) if context.is_main else None
+        self.objects: TrainingObjects | None = None
+        self._recorded = 0
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+
+    def open(self) -> None:
+        """Take the run lease (rank 0; every rank learns the outcome) and clean up."""
+        error = None
+        if self.lease is not None:
+            try:
+                self.lease.acquire()
+                self.manager.remove_uncommitted()
+            except LeaseHeldError as held:
+                error = str(held)
+        error = self._broadcast(error)
+        if error:
+            raise LeaseHeldError(error)
+
+    def resume(self, objects: TrainingObjects, state: TrainState) -> int | None:
+        """Restore the checkpoint ``checkpoint.resume`` selects; return its step."""
+        self.objects = objects
+        step, contents = self._select()
+        step = self._broadcast(step)
+        if step is None:
+            return None
+        if not self.context.is_main or contents is None:
+            manifest = read_manifest(self.store, step)
+            contents = read_verified(self.store, step, manifest, self._names_for_this_rank(manifest))
+        counters = restore_replicated(
+            contents,
+            model=objects.model,
+            optimizer=objects.optimizer,
+            scheduler=objects.scheduler,
+            scaler=objects.scaler,
+        )
+        self._restore_rng(contents, step)
+        state.step, state.epoch, state.samples_seen = counters["step"], counters["epoch"], counters["samples_seen"]
+        self._last_saved_step = step
+        log.info("resumed from %s (step %d)", self.store.describe(f"step-{step}"), step)
+        return step
+
+    def finished_saves(self) -> list[dict[str, Any]]:
+        """``checkpoint`` metrics records of the saves finished since the last call, in order."""
+        records = []
+        history = self.manager.history
+        while self._recorded < len(history) and history[self._recorded].finished:
+            result = history[self._recorded]
+            records.append(
+                {
+                    "kind": "checkpoint",
+                    "step": result.step,
+                    "committed": result.committed,
+                    "stall_s": round(result.stall_s, 4),
+                    "write_s": round(result.write_s, 4),
+                    "error": result.error,
+                    "time": time.time(),
+                }
+            )
+            self._recorded += 1
+        return records
+
+    def after_step(self, state: TrainState, decision: Decision) -> None:
+        """Request time-based saves, and save when the cadence or the ranks say so."""
+        minutes = self.config.every_minutes
+        if minutes and self.context.is_main and time.monotonic() - self._last_save_time >= 60 * minutes:
+            self.agreement.request_save()
+            self._last_save_time = time.monotonic()
+        by_steps = self.config.every_steps and state.step % self.config.every_steps == 0
+        if by_steps or decision.save:
+            self.save(state)
+
+    def save(self, state: TrainState, *, blocking: bool = False) -> SaveResult | None:
+        if state.step == self._last_saved_step:
+            return None
+        if self.config.when_busy == "skip" and self._any_rank_busy():
+            log.warning("checkpoint at step %d skipped: the previous save is still being written", state.step)
+            return None
+        objects = self.objects
+        assert objects is not None, "resume() attaches the training objects first"
+        counters = {"step": state.step, "epoch": state.epoch, "samples_seen": state.samples_seen}
+        if state.steps_per_epoch and state.step % state.steps_per_epoch == 0:
+            counters["epoch"] = state.step // state.steps_per_epoch
+        result = self.manager.save(
+            lambda: capture(
+                step=state.step,
+                rank=self.context.rank,
+                model=objects.model,
+                optimizer=objects.optimizer,
+                scheduler=objects.scheduler,
+                scaler=objects.scaler,
+                counters=counters,
+            ),
+            state.step,
+            blocking=blocking,
+        )
+        self._last_saved_step = state.step
+        self._last_save_time = time.monotonic()
+        return result
+
+    def save_for_preemption(self, state: TrainState, decision: Decision) -> dict[str, Any]:
+        """Save now if it fits the notice window; return the ``preemption`` metrics record."""
+        started = time.time()
+        self.manager.wait()
+        seconds_left = decision.deadline_s - time.time()
+        estimate_s = self._save_estimate_s()
+        fits = estimate_s is None or estimate_s * _SAFETY_FACTOR < seconds_left
+        fits = bool(self._broadcast(fits))
+        result = self.save(state, blocking=True) if fits else None
+        committed = self.manager.last_committed
+        if not fits:
+            log.warning(
+                "preempted: a save needs ~%.1f s but %.1f s are left; relying on checkpoint step %s",
+                estimate_s, seconds_left, committed.step if committed else None,
+            )
+        return {
+            "kind": "preemption",
+            "step": state.step,
+            "reason": decision.stop_reason,
+            "seconds_left_at_notice": None if math.isinf(seconds_left) else round(seconds_left, 3),
+            "saved": bool(result and result.committed) or self._last_saved_step == state.step,
+            "checkpoint_step": committed.step if committed else self._last_saved_step,
+            "notice_to_commit_s": round(time.time() - started, 3),
+            "time": time.time(),
+        }
+
+    def finish(self, state: TrainState) -> None:
+        """The final save (if configured), then wait until nothing is in flight."""
+        if self.config.save_at_end and state.stop_requested is None:
+            self.save(state)
+        self.manager.wait()
+
+    def close(self) -> None:
+        self.manager.close()
+        if self.lease is not None:
+            self.lease.release()
+
+    def _select(self) -> tuple[int | None, dict[str, bytes] | None]:
+        """Rank 0 picks the checkpoint; contents are returned to avoid a second read."""
+        if not self.context.is_main:
+            return None, None
+        choice = self.config.resume
+        if choice == "never":
+            existing = committed_steps(self.store)
+            if existing:
+                raise SkyliftConfigError(
+                    f"checkpoint.resume is 'never' but {self.store.url} already holds checkpoints "
+                    f"(steps {existing}); use --resume auto, or a new checkpoint.root"
+                )
+            return None, None
+        if choice == "auto":
+            found = find_latest_valid(self.store)
+            if found is None:
+                return None, None
+            manifest, contents = found
+            return manifest.step, contents
+        return self._explicit(choice)
+
+    def _explicit(self, location: str) -> tuple[int, dict[str, bytes]]:
+        parent, _, name = location.rstrip("/").rpartition("/")
+        if not name.startswith("step-") or not name[5:].isdigit():
+            raise SkyliftConfigError(f"checkpoint.resume: {location!r} is not a step-N checkpoint folder")
+        if parent.rstrip("/") != self.store.url.rstrip("/") and Path(parent).absolute() != Path(self.store.url):
+            raise SkyliftConfigError(
+                f"checkpoint.resume: {location!r} is not under checkpoint.root {self.store.url!r}; "
+                "set checkpoint.root to its parent"
+            )
+        step = int(name[5:])
+        manifest = read_manifest(self.store, step)  # raises CorruptCheckpointError: no fallback
+        return step, read_verified(self.store, step, manifest)
+
+    def _names_for_this_rank(self, manifest: Manifest) -> list[str]:
+        names = [MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE]
+        return names + [name for name in rng_files(self.context.rank) if name in manifest.files]
+
+    def _restore_rng(self, contents: dict[str, bytes], step: int) -> None:
+        tensors_file, json_file = rng_files(self.context.rank)
+        if tensors_file in contents and json_file in contents:
+            restore_rng(contents[tensors_file], contents[json_file])
+        else:
+            log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)", step, self.context.rank)
+
+    def _save_estimate_s(self) -> float | None:
+        done = [result for result in self.manager.history if result.committed]
+        return done[-1].stall_s + done[-1].write_s if done else None
+
+    def _any_rank_busy(self) -> bool:
+        busy = self.manager.busy
+        if not self.context.is_distributed:
+            return busy
+        import torch
+
+        flag = torch.tensor([float(busy)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
+        return bool(flag.item())
+
+    def _on_save_failure(self, error: str) -> None:
+        if self.config.on_failure == "exit":
+            self.agreement.request_stop(StopReason.SAVE_FAILED)
+
+    def _broadcast(self, value: Any) -> Any:
+        if not self.context.is_distributed:
+            return value
+        holder = [value]
+        dist.broadcast_object_list(holder, src=0, group=self._control_group)
+        return holder[0]

@@ -1,0 +1,160 @@
+"""Capture the full training state as tensors plus JSON, and restore it.
+
+No pickle anywhere: tensors go to safetensors, everything else to JSON. The capture
+runs on the training thread and only copies (device -> host clones); serialising,
+hashing and uploading happen later, off the training thread.
+
+Per checkpoint, rank 0 contributes the replicated state (model, optimizer, LR
+schedule, GradScaler, counters) and every rank its own RNG streams.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+from torch import nn
+
+__all__ = ["Snapshot", "capture", "restore_replicated", "restore_rng"]
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
+OPTIMIZER_FILE = "optimizer.json"
+TRAINER_FILE = "trainer.json"
+
+
+def rng_files(rank: int) -> tuple[str, str]:
+    return f"rng-rank{rank}.safetensors", f"rng-rank{rank}.json"
+
+
+@dataclass
+class Snapshot:
+    """One rank's share of a checkpoint, already copied off the device."""
+
+    step: int
+    tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    documents: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def serialize(self) -> dict[str, bytes]:
+        """File name -> bytes. Called off the training thread."""
+        files = {name: save_tensors(tensors) for name, tensors in self.tensors.items()}
+        for name, document in self.documents.items():
+            files[name] = json.dumps(document, sort_keys=True).encode()
+        return files
+
+
+def capture(
+    *,
+    step: int,
+    rank: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler | None,
+    counters: dict[str, Any],
+) -> Snapshot:
+    """Copy this rank's share of the state (rank 0 also the replicated part)."""
+    snapshot = Snapshot(step)
+    rng_tensors_file, rng_json_file = rng_files(rank)
+    snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
+    if rank != 0:
+        return snapshot
+    snapshot.tensors[MODEL_FILE] = {name: _host_copy(value) for name, value in model.state_dict().items()}
+    optimizer_tensors, optimizer_document = _split_optimizer(optimizer.state_dict())
+    snapshot.tensors[OPTIMIZER_TENSORS_FILE] = optimizer_tensors
+    snapshot.documents[OPTIMIZER_FILE] = optimizer_document
+    snapshot.documents[TRAINER_FILE] = {
+        "step": step,
+        "counters": counters,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "grad_scaler": scaler.state_dict() if scaler is not None else None,
+    }
+    return snapshot
+
+
+def restore_replicated(
+    files: dict[str, bytes],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler | None,
+) -> dict[str, Any]:
+    """Load model, optimizer, schedule and scaler; return the counters."""
+    model.load_state_dict(load_tensors(files[MODEL_FILE]))
+    optimizer.load_state_dict(
+        _join_optimizer(load_tensors(files[OPTIMIZER_TENSORS_FILE]), json.loads(files[OPTIMIZER_FILE]))
+    )
+    trainer = json.loads(files[TRAINER_FILE])
+    if scheduler is not None and trainer["scheduler"] is not None:
+        scheduler.load_state_dict(trainer["scheduler"])
+    if scaler is not None:
+        if trainer["grad_scaler"] is None:
+            raise ValueError("the checkpoint was saved without a GradScaler (not fp16); resume with its precision")
+        scaler.load_state_dict(trainer["grad_scaler"])
+    return trainer["counters"]
+
+
+def restore_rng(tensors_bytes: bytes, document_bytes: bytes) -> None:
+    tensors = load_tensors(tensors_bytes)
+    document = json.loads(document_bytes)
+    version, internal, gauss = document["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = document["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda_states = [tensors[name] for name in sorted(tensors) if name.startswith("torch_cuda_")]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
+
+
+def _capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{index:03d}"] = state
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    document = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
+    }
+    return tensors, document
+
+
+def _host_copy(value: torch.Tensor) -> torch.Tensor:
+    # A copy, never a view: training goes on mutating the live tensors while the
+    # snapshot is written in the background.
+    return value.detach().to("cpu", copy=True).contiguous()
+
+
+def _split_optimizer(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for index, entries in state_dict["state"].items():
+        for name, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}/{name}"] = _host_copy(value)
+            else:
+                values.setdefault(str(index), {})[name] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "values": values}
+
+
+def _join_optimizer(tensors: dict[str, torch.Tensor], document: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        index, name = key.split("/", 1)
+        state.setdefault(int(index), {})[name] = tensor
+    for index, entries in document["values"].items():
+        state.setdefault(int(index), {}).update(entries)
+    groups = document["param_groups"]
+    for group in groups:
+        if "betas" in group and isinstance(group["betas"], list):
+            group["betas"] = tuple(group["betas"])
+    return {"state": state, "param_groups": groups}

@@ -1,0 +1,67 @@
+"""AWS EC2 spot interruption and rebalance notices over IMDSv2.
+
+Protocol (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html,
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-instance-metadata-service.html):
+
+* ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds: 21600`` returns
+  a session token; every GET carries it in ``X-aws-ec2-metadata-token``. An expired or
+  unknown token gets 401.
+* ``GET /latest/meta-data/spot/instance-action``: 404 until interruption, then
+  ``{"action": "terminate"|"stop"|"hibernate", "time": "2026-11-29T18:07:51Z"}``.
+* ``GET /latest/meta-data/events/recommendations/rebalance``: 404, or
+  ``{"noticeTime": "..."}`` when the instance is at elevated risk. It states no
+  deadline (it may never be followed by an interruption), so the 120 s window from
+  now is used as a conservative guess.
+"""
+
+from __future__ import annotations
+
+import json
+
+from skylift.cloud._protocol import MetadataError, TokenSession, parse_iso_time_s
+from skylift.cloud.notice import PreemptionNotice, new_notice
+
+__all__ = ["INSTANCE_ACTION_PATH", "REBALANCE_PATH", "TOKEN_TTL_S", "poll"]
+
+TOKEN_TTL_S = 21600  # the IMDSv2 maximum: six hours
+INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+
+_SESSION = TokenSession(
+    token_path="/latest/api/token",
+    ttl_header="X-aws-ec2-metadata-token-ttl-seconds",
+    token_header="X-aws-ec2-metadata-token",
+    ttl_s=TOKEN_TTL_S,
+)
+
+
+def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:
+    """One check: the interruption notice first (it is the urgent one), then rebalance.
+
+    Raises:
+        MetadataError: an answer IMDS does not give (an unexpected status).
+        OSError, urllib.error.HTTPError: transient failures, retried by the watcher.
+    """
+    action = _get_json(base_url, INSTANCE_ACTION_PATH, timeout_s)
+    if action is not None:
+        detail = f"action={action.get('action', '?')} time={action.get('time', '?')}"
+        deadline_s = parse_iso_time_s(str(action.get("time", "")))
+        return new_notice("aws", "spot-termination", detail, deadline_s)
+    rebalance = _get_json(base_url, REBALANCE_PATH, timeout_s)
+    if rebalance is not None:
+        return new_notice("aws", "rebalance", f"noticeTime={rebalance.get('noticeTime', '?')}")
+    return None
+
+
+def _get_json(base_url: str, path: str, timeout_s: float) -> dict[str, object] | None:
+    """The item's JSON object; None on 404. A 200 that is not JSON still counts as present."""
+    response = _SESSION.get(base_url, path, timeout_s=timeout_s)
+    if response.status == 404:
+        return None
+    if response.status != 200:
+        raise MetadataError(f"GET {path} answered {response.status}")
+    try:
+        value = json.loads(response.text)
+    except ValueError:
+        return {"raw": response.text}
+    return value if isinstance(value, dict) else {"raw": response.text}

@@ -1,0 +1,360 @@
+"""Preemption notices: the record, cloud detection, the polling thread, signal handlers.
+
+A spot machine is taken back with a short warning published on its metadata service.
+:class:`NoticeWatcher` polls that service on a daemon thread and hands the first
+notice to a callback, so the trainer can stop at a step boundary and save in time.
+:func:`watch_signals` covers the other path, a SIGTERM or SIGUSR1 sent by a launcher,
+kubelet or node agent. Vendor protocols live in one module per cloud (``POLLERS``)
+and are imported only when a watcher starts.
+
+Nothing here may crash or stall training: failed polls are logged and retried, and
+detection reads local DMI files only, never the network.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Literal
+
+from skylift.cloud._protocol import is_transient
+from skylift.errors import SkyliftConfigError
+
+__all__ = [
+    "CLOUDS",
+    "DEFAULT_POLL_INTERVAL_S",
+    "DEFAULT_SIGNAL_GRACE_S",
+    "NOTICE_WINDOW_S",
+    "POLLERS",
+    "NoticeKind",
+    "NoticeWatcher",
+    "Poller",
+    "PreemptionNotice",
+    "detect_cloud",
+    "load_poller",
+    "metadata_base_url",
+    "new_notice",
+    "watch_signals",
+]
+
+log = logging.getLogger("skylift.cloud")
+
+NoticeKind = Literal["spot-termination", "rebalance", "maintenance", "signal"]
+
+CLOUDS = ("aws", "gcp", "azure", "aliyun", "tencent")
+
+# Warning each vendor documents between the notice and the machine going away. Used
+# when a notice carries no time of its own (GCP never does).
+NOTICE_WINDOW_S: dict[str, float] = {
+    # "two minutes before Amazon EC2 stops or terminates your Spot Instance"
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
+    "aws": 120.0,
+    # Spot/preemptible: 30 s between the preemption notice and the hard stop.
+    # https://cloud.google.com/compute/docs/instances/spot#preemption
+    "gcp": 30.0,
+    # Scheduled Events: Preempt is announced with a NotBefore at least 30 s ahead.
+    # https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events
+    "azure": 30.0,
+    # "the instance enters the Pending Release status. Then, the instance is released
+    # in about five minutes." https://www.alibabacloud.com/help/faq-detail/48269.htm
+    "aliyun": 300.0,
+    # Tencent documents the termination-time item but no window; about two minutes
+    # is the commonly observed lead (https://www.tencentcloud.com/document/product/213/32487).
+    "tencent": 120.0,
+}
+
+# AWS recommends checking every 5 s; the 30 s clouds need a tighter loop to leave
+# most of their window for the emergency save.
+DEFAULT_POLL_INTERVAL_S: dict[str, float] = {
+    "aws": 5.0, "gcp": 1.0, "azure": 1.0, "aliyun": 5.0, "tencent": 5.0,
+}
+
+# The vendor's metadata host; SKYLIFT_METADATA_ENDPOINT replaces it for every cloud.
+_METADATA_HOSTS: dict[str, str] = {
+    "aws": "http://169.254.169.254",
+    "gcp": "http://169.254.169.254",  # what metadata.google.internal resolves to; no DNS needed
+    "azure": "http://169.254.169.254",
+    "aliyun": "http://100.100.100.200",
+    "tencent": "http://metadata.tencentyun.com",
+}
+
+POLLERS: dict[str, str] = {cloud: f"skylift.cloud.{cloud}" for cloud in CLOUDS}
+"""Cloud name to the module whose ``poll(base_url, timeout_s)`` speaks its protocol."""
+
+DEFAULT_SIGNAL_GRACE_S = 30.0
+"""Signal deadline off any known cloud: Kubernetes' default terminationGracePeriodSeconds."""
+
+DMI_DIR = Path("/sys/class/dmi/id")
+
+# (cloud, DMI file, text it contains). Azure is told from plain Hyper-V by the
+# chassis asset tag every Azure VM carries (cloud-init's ds-identify uses the same).
+_DMI_SIGNATURES = (
+    ("azure", "chassis_asset_tag", "7783-7084-3265-9085-8269-3286-77"),
+    ("azure", "board_asset_tag", "7783-7084-3265-9085-8269-3286-77"),
+    ("aws", "sys_vendor", "Amazon EC2"),
+    ("aws", "bios_version", "amazon"),  # older Xen instances: "4.11.amazon"
+    ("gcp", "sys_vendor", "Google"),
+    ("gcp", "product_name", "Google Compute Engine"),
+    ("aliyun", "sys_vendor", "Alibaba Cloud"),
+    ("aliyun", "product_name", "Alibaba Cloud ECS"),
+    ("tencent", "sys_vendor", "Tencent Cloud"),
+)
+
+_WARN_AFTER_FAILURES = 12
+"""Consecutive failed polls before a warning: a metadata service that never answers
+(an IMDSv2 hop limit of 1 inside a container, say) must not stay silent."""
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """Warning that this machine goes away at ``deadline_s``.
+
+    Times are ``time.time()`` seconds. ``deadline_s`` comes from the notice when the
+    vendor states one, else ``received_at_s`` plus the cloud's documented window.
+    """
+
+    cloud: str
+    kind: NoticeKind
+    detail: str
+    received_at_s: float
+    deadline_s: float | None
+
+    def seconds_left(self, now_s: float | None = None) -> float | None:
+        """Seconds until the deadline (negative once past); None without a deadline."""
+        if self.deadline_s is None:
+            return None
+        return self.deadline_s - (time.time() if now_s is None else now_s)
+
+
+Poller = Callable[[str, float], "PreemptionNotice | None"]
+
+
+def new_notice(cloud: str, kind: NoticeKind, detail: str, deadline_s: float | None = None) -> PreemptionNotice:
+    """A notice received now; without a stated deadline, the cloud's window from now."""
+    now_s = time.time()
+    if deadline_s is None:
+        deadline_s = now_s + NOTICE_WINDOW_S.get(cloud, DEFAULT_SIGNAL_GRACE_S)
+    return PreemptionNotice(cloud=cloud, kind=kind, detail=detail, received_at_s=now_s, deadline_s=deadline_s)
+
+
+def _check_cloud(cloud: str, source: str) -> str:
+    if cloud not in CLOUDS:
+        raise SkyliftConfigError(f"{source}={cloud!r} is not a known cloud; use one of: {', '.join(CLOUDS)}")
+    return cloud
+
+
+def detect_cloud(*, dmi_dir: Path | None = None) -> str | None:
+    """The cloud this machine runs on, from ``SKYLIFT_CLOUD`` or local DMI data.
+
+    Reads files only: probing metadata addresses would hang for the connect timeout
+    on every laptop and touch the network where there may be none.
+
+    Args:
+        dmi_dir: where the DMI files live (tests point this at a temporary folder).
+
+    Returns:
+        ``"aws"``, ``"gcp"``, ``"azure"``, ``"aliyun"``, ``"tencent"``, or None.
+
+    Raises:
+        SkyliftConfigError: (a ``ValueError``) ``SKYLIFT_CLOUD`` names no known cloud.
+
+    Example:
+        >>> detect_cloud()  # on an EC2 instance, SKYLIFT_CLOUD unset
+        'aws'
+    """
+    forced = os.environ.get("SKYLIFT_CLOUD", "").strip().lower()
+    if forced:
+        return _check_cloud(forced, "SKYLIFT_CLOUD")
+    folder = DMI_DIR if dmi_dir is None else dmi_dir
+    for cloud, name, needle in _DMI_SIGNATURES:
+        try:
+            text = (folder / name).read_text(errors="replace")
+        except OSError:
+            continue
+        if needle.lower() in text.lower():
+            return cloud
+    return None
+
+
+def metadata_base_url(cloud: str) -> str:
+    """``scheme://host[:port]`` of the cloud's metadata service, without a trailing slash.
+
+    ``SKYLIFT_METADATA_ENDPOINT`` (e.g. ``http://127.0.0.1:8080``) replaces the host
+    for every cloud; paths, headers and token flow stay the vendor's.
+    """
+    _check_cloud(cloud, "cloud")
+    override = os.environ.get("SKYLIFT_METADATA_ENDPOINT", "").strip()
+    if not override:
+        return _METADATA_HOSTS[cloud]
+    if not override.startswith(("http://", "https://")):
+        raise SkyliftConfigError(f"SKYLIFT_METADATA_ENDPOINT={override!r} must start with http:// or https://")
+    return override.rstrip("/")
+
+
+def load_poller(cloud: str) -> Poller:
+    """The vendor module's ``poll`` function, imported on first use."""
+    module = importlib.import_module(POLLERS[_check_cloud(cloud, "cloud")])
+    return module.poll
+
+
+class NoticeWatcher:
+    """Polls the metadata service on a daemon thread and reports a notice once.
+
+    The first ``spot-termination`` or ``maintenance`` notice is passed to ``on_notice``
+    and the thread ends. A ``rebalance`` (AWS's early, deadline-free warning) is
+    passed once and polling goes on, so the real two-minute notice still arrives.
+    ``on_notice`` runs on the watcher thread: it should be quick and thread-safe
+    (set an ``Event``, say). On a machine where no cloud is detected the watcher
+    starts nothing.
+
+    Example:
+        >>> with NoticeWatcher(lambda n: stop.set(), cloud="aws") as watcher:
+        ...     train()
+    """
+
+    def __init__(
+        self,
+        on_notice: Callable[[PreemptionNotice], object],
+        *,
+        cloud: str | None = None,
+        poll_interval_s: float | None = None,
+        request_timeout_s: float = 1.0,
+        join_timeout_s: float = 3.0,
+    ) -> None:
+        if (poll_interval_s is not None and poll_interval_s <= 0) or request_timeout_s <= 0:
+            raise ValueError("NoticeWatcher: poll_interval_s and request_timeout_s must be positive")
+        self.on_notice = on_notice
+        self.cloud = detect_cloud() if cloud is None else _check_cloud(cloud, "cloud")
+        default_interval_s = DEFAULT_POLL_INTERVAL_S.get(self.cloud or "", 5.0)
+        self.poll_interval_s = default_interval_s if poll_interval_s is None else poll_interval_s
+        self.request_timeout_s = request_timeout_s
+        self.join_timeout_s = join_timeout_s
+        self.notice: PreemptionNotice | None = None
+        """The latest notice delivered, for callers that prefer to check than be called."""
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures_in_a_row = 0
+
+    def start(self) -> NoticeWatcher:
+        """Start polling. Endpoint and vendor module are resolved here, so errors raise here."""
+        if self.cloud is None:
+            log.info("no cloud detected (set SKYLIFT_CLOUD to force one); not watching for preemption")
+            return self
+        if self._thread is not None:
+            raise RuntimeError("NoticeWatcher.start() called twice")
+        poll, base_url = load_poller(self.cloud), metadata_base_url(self.cloud)
+        self._thread = threading.Thread(
+            target=self._run, args=(poll, base_url), name=f"skylift-notice-{self.cloud}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop polling and wait up to ``join_timeout_s`` for the thread (safe from ``on_notice``)."""
+        self._stop_event.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.join_timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> NoticeWatcher:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self, poll: Poller, base_url: str) -> None:
+        delivered_kinds: set[str] = set()
+        while not self._stop_event.is_set():
+            notice = self._poll_once(poll, base_url)
+            if self._stop_event.is_set():  # stop() came during the poll: the caller has moved on
+                return
+            if notice is not None and notice.kind not in delivered_kinds:
+                delivered_kinds.add(notice.kind)
+                self._deliver(notice)
+                if notice.kind != "rebalance":
+                    return
+            self._stop_event.wait(self.poll_interval_s)
+
+    def _poll_once(self, poll: Poller, base_url: str) -> PreemptionNotice | None:
+        try:
+            notice = poll(base_url, self.request_timeout_s)
+        except Exception as error:  # any failure is retried: this thread must outlive it
+            self._report_failure(error, base_url)
+            return None
+        self._failures_in_a_row = 0
+        return notice
+
+    def _report_failure(self, error: Exception, base_url: str) -> None:
+        self._failures_in_a_row += 1
+        transient = is_transient(error)
+        message = "%s metadata poll at %s failed (%d in a row): %r"
+        args = (self.cloud, base_url, self._failures_in_a_row, error)
+        if (not transient and self._failures_in_a_row == 1) or self._failures_in_a_row == _WARN_AFTER_FAILURES:
+            log.warning(message + "; still polling", *args)
+        else:
+            log.debug(message, *args)
+
+    def _deliver(self, notice: PreemptionNotice) -> None:
+        self.notice = notice
+        log.warning(
+            "preemption notice from %s: %s (%s), %.0f s left",
+            notice.cloud, notice.kind, notice.detail, notice.seconds_left() or 0.0,
+        )
+        try:
+            self.on_notice(notice)
+        except Exception:
+            log.exception("preemption notice callback failed")
+
+
+def watch_signals(
+    on_notice: Callable[[PreemptionNotice], object],
+    signals: Iterable[int] = (signal.SIGTERM, signal.SIGUSR1),
+    *,
+    grace_s: float | None = None,
+) -> Callable[[], None]:
+    """Turn SIGTERM/SIGUSR1 into ``kind="signal"`` notices; returns a restore function.
+
+    Each signal calls ``on_notice`` (a second SIGTERM often means "now"), on the main
+    thread between bytecodes, so the callback must be short. Existing handlers are
+    replaced, not chained: SIGTERM no longer ends the process, so the caller must exit
+    once it has saved.
+
+    The deadline is the signal's arrival plus ``grace_s`` or, when None, the detected
+    cloud's notice window (``DEFAULT_SIGNAL_GRACE_S`` off-cloud). Pass ``grace_s`` when
+    you know who sends the signal: a SIGTERM from the OS shutdown at the end of a spot
+    window leaves far less than the window.
+
+    Raises:
+        RuntimeError: not on the main thread (Python allows signal handlers only there).
+        SkyliftConfigError: ``SKYLIFT_CLOUD`` names no known cloud.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("watch_signals() must be called from the main thread")
+    cloud = detect_cloud() or "local"
+    window_s = NOTICE_WINDOW_S.get(cloud, DEFAULT_SIGNAL_GRACE_S) if grace_s is None else grace_s
+
+    def handle(signal_number: int, frame: FrameType | None) -> None:
+        now_s = time.time()
+        name = signal.Signals(signal_number).name
+        on_notice(PreemptionNotice(cloud, "signal", name, received_at_s=now_s, deadline_s=now_s + window_s))
+
+    previous = {number: signal.signal(number, handle) for number in signals}
+
+    def restore() -> None:
+        while previous:
+            number, handler = previous.popitem()
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+
+    return restore

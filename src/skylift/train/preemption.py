@@ -1,0 +1,70 @@
+"""Turn spot notices and signals into an agreed stop (see :mod:`skylift.train.agreement`).
+
+Local rank 0 of each node polls the cloud's metadata service; every rank handles
+SIGTERM/SIGUSR1 (torchrun forwards the signal to all workers). Whoever hears first
+records a stop request; all ranks stop together at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+from skylift.config.schema import PreemptionConfig
+from skylift.train.agreement import StepAgreement, StopReason
+
+__all__ = ["PreemptionWatch"]
+
+log = logging.getLogger("skylift")
+
+
+class PreemptionWatch:
+    """Starts the watchers on :meth:`start`, stops them on :meth:`stop`."""
+
+    def __init__(self, config: PreemptionConfig, agreement: StepAgreement, *, local_rank: int) -> None:
+        self.config = config
+        self.agreement = agreement
+        self.local_rank = local_rank
+        self.notice: Any = None
+        self._watcher: Any = None
+        self._restore_signals: Any = None
+
+    def start(self) -> None:
+        if not self.config.enabled:
+            return
+        from skylift.cloud.notice import NoticeWatcher, detect_cloud, watch_signals
+
+        cloud = None if self.config.cloud in ("auto", "off") else self.config.cloud
+        if self.config.cloud == "auto":
+            cloud = detect_cloud()
+        self._restore_signals = _install_signals(watch_signals, self._on_notice, self.config.grace_s)
+        if cloud is not None and self.local_rank == 0:
+            self._watcher = NoticeWatcher(self._on_notice, cloud=cloud, poll_interval_s=self.config.poll_interval_s)
+            self._watcher.start()
+            log.info("watching %s spot/preemption notices", cloud)
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        if self._restore_signals is not None:
+            self._restore_signals()
+            self._restore_signals = None
+
+    def _on_notice(self, notice: Any) -> None:
+        if notice.kind == "rebalance":
+            log.warning("%s rebalance recommendation: capacity may be reclaimed soon", notice.cloud)
+            self.agreement.request_save()
+            return
+        self.notice = notice
+        self.agreement.request_stop(StopReason.PREEMPTED, notice.deadline_s)
+
+
+def _install_signals(watch_signals: Any, on_notice: Any, grace_s: float | None) -> Any:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        log.warning("not on the main thread: SIGTERM/SIGUSR1 will not trigger a checkpoint")
+        return None
+    return watch_signals(on_notice, (signal.SIGTERM, signal.SIGUSR1), grace_s=grace_s)

@@ -9,7 +9,9 @@ import sys
 __all__ = ["setup_logging"]
 
 
-def setup_logging(level: str = "INFO") -> None:
+def setup_logging(level: str | None = None) -> None:
+    """Rank 0 logs at ``level`` (default: ``SKYLIFT_LOG_LEVEL`` or INFO), other ranks at WARNING."""
+    level = level or os.environ.get("SKYLIFT_LOG_LEVEL", "INFO").upper()
     rank = int(os.environ.get("RANK", 0))
     logger = logging.getLogger("skylift")
     logger.handlers.clear()

@@ -97,3 +97,8 @@ def test_dump_round_trips(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(config))
     assert load_config(path) == config
+
+
+def test_cross_field_error_names_both_fields():
+    with pytest.raises(SkyliftConfigError, match=r"schedule.warmup_steps \(20\) exceeds schedule.max_steps \(5\)"):
+        load_config(None, ["schedule.max_steps=5", "schedule.warmup_steps=20"])

@@ -142,6 +142,7 @@ class CheckpointManager:
             for name, data in snapshot.serialize().items():
                 self.store.write_bytes(f"{folder}/{name}", data)
                 entries[name] = file_entry(data)
+                fault_point("during_payload", step=snapshot.step, rank=self.rank)
             fault_point("after_payload", step=snapshot.step, rank=self.rank)
         except Exception as failure:  # any failure abandons this save on every rank
             error = f"rank {self.rank}: {type(failure).__name__}: {failure}"

@@ -37,6 +37,7 @@ __all__ = [
     "committed_steps",
     "file_entry",
     "find_latest_valid",
+    "read_manifest",
     "read_verified",
     "step_folder",
     "step_folders",
@@ -112,12 +113,20 @@ def committed_steps(store: Store) -> list[int]:
 
 
 def read_manifest(store: Store, step: int) -> Manifest:
+    """The manifest of ``step-N``, checked to list every file a checkpoint needs."""
+    from skylift.checkpoint.state import required_files
+
     key = f"{step_folder(step)}/{MANIFEST}"
     try:
         data = store.read_bytes(key)
     except StorageNotFoundError:
         raise CorruptCheckpointError(f"{store.describe(step_folder(step))} has no manifest: not committed") from None
-    return Manifest.decode(data, store.describe(key))
+    manifest = Manifest.decode(data, store.describe(key))
+    missing = sorted(required_files(manifest.world_size) - set(manifest.files))
+    if missing or manifest.step != step:
+        problem = f"lists no {', '.join(missing)}" if missing else f"is for step {manifest.step}"
+        raise CorruptCheckpointError(f"{store.describe(key)} {problem}")
+    return manifest
 
 
 def read_verified(store: Store, step: int, manifest: Manifest, names: list[str] | None = None) -> dict[str, bytes]:

@@ -147,15 +147,18 @@ class Checkpointing:
             self._recorded += 1
         return records
 
-    def after_step(self, state: TrainState, decision: Decision) -> None:
-        """Request time-based saves, and save when the cadence or the ranks say so."""
+    def due(self, state: TrainState, decision: Decision) -> bool:
+        """Whether to save at this step (the same answer on every rank).
+
+        Rank 0's clock only *requests* a time-based save; the ranks agree on it at the
+        next boundary, since their clocks differ.
+        """
         minutes = self.config.every_minutes
         if minutes and self.context.is_main and time.monotonic() - self._last_save_time >= 60 * minutes:
             self.agreement.request_save()
             self._last_save_time = time.monotonic()
-        by_steps = self.config.every_steps and state.step % self.config.every_steps == 0
-        if by_steps or decision.save:
-            self.save(state)
+        by_steps = bool(self.config.every_steps) and state.step % self.config.every_steps == 0
+        return (by_steps or decision.save) and state.step != self._last_saved_step
 
     def save(self, state: TrainState, *, blocking: bool = False) -> SaveResult | None:
         if state.step == self._last_saved_step:

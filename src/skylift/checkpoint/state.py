@@ -21,7 +21,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from torch import nn
 
-__all__ = ["Snapshot", "capture", "restore_replicated", "restore_rng"]
+__all__ = ["Snapshot", "capture", "required_files", "restore_replicated", "restore_rng", "rng_files"]
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
@@ -31,6 +31,14 @@ TRAINER_FILE = "trainer.json"
 
 def rng_files(rank: int) -> tuple[str, str]:
     return f"rng-rank{rank}.safetensors", f"rng-rank{rank}.json"
+
+
+def required_files(world_size: int) -> set[str]:
+    """Files a complete checkpoint of ``world_size`` ranks must list in its manifest."""
+    names = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
+    for rank in range(world_size):
+        names.update(rng_files(rank))
+    return names
 
 
 @dataclass

@@ -10,8 +10,6 @@ import json
 import sys
 import traceback
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, EXIT_REQUEUE, SkyliftConfigError, SkyliftError
 
 __all__ = ["train_and_report"]
@@ -74,7 +72,6 @@ def print_summary(summary) -> None:  # noqa: ANN001 - RunSummary
     console.print(f"Next: tensorboard --logdir {summary.run_dir}/tensorboard")
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
     from skylift.config.load import load_config
 
@@ -94,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # torchrun's error-file recorder, imported only in workers: it pulls in
+    # torch._dynamo, which costs seconds of start-up.
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     from skylift.train.distributed import exit_cleanly
 
     try:
-        code = main()
+        code = record(main)()
     except Exception:
         traceback.print_exc()
         code = EXIT_FAILURE

@@ -102,6 +102,8 @@ def _deep_copy(raw: dict[str, Any]) -> dict[str, Any]:
 def _describe(item: dict[str, Any]) -> str:
     location = [str(part) for part in item["loc"]]
     dotted = ".".join(location) or "config"
+    if not location:
+        return str(item["msg"]).removeprefix("Value error, ")
     if item["type"] == "extra_forbidden":
         return _unknown_key(location)
     allowed = _allowed_values(location)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
@@ -275,9 +276,12 @@ class Trainer:
 
     def _after_step(self, state: TrainState) -> bool:
         """Apply the ranks' agreed decision; return True to leave the loop."""
+        fault_point("step_end", step=state.step, rank=self.runtime.dist.rank)
         decision = self.agreement.exchange()
         if self.checkpointing is not None:
-            self.checkpointing.after_step(state, decision)
+            if self.checkpointing.due(state, decision):
+                self.metrics.flush(state)  # metrics up to a checkpoint are on disk before it commits
+                self.checkpointing.save(state)
             self._record_saves()
         if decision.stop_code == StopReason.NONE:
             return False
@@ -285,6 +289,7 @@ class Trainer:
         state.stop_requested = decision.stop_reason
         log.warning("stopping at step %d: %s", state.step, decision.stop_reason)
         if decision.stop_code == StopReason.PREEMPTED and self.checkpointing is not None:
+            self.metrics.flush(state)
             self.metrics.write_event(self.checkpointing.save_for_preemption(state, decision))
             self._record_saves()
         self.events.fire(Event.PREEMPTION_NOTICE, state)

@@ -1,0 +1,135 @@
+"""The commit protocol on every store: manifest last, retention after commit, verified reads."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from skylift.checkpoint.manager import CheckpointManager
+from skylift.checkpoint.manifest import (
+    LATEST,
+    CorruptCheckpointError,
+    committed_steps,
+    find_latest_valid,
+    read_manifest,
+    read_verified,
+)
+from skylift.checkpoint.state import capture
+from skylift.storage import open_store
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return open_store(str(tmp_path / "checkpoints"))
+    moto_server = request.getfixturevalue("moto_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return open_store(f"s3://{bucket}/run", endpoint_url=moto_server.endpoint_url)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return nn.Linear(4, 3)
+
+
+def _capture(model, step):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.no_grad():
+        model.weight.add_(step)  # each step's weights differ
+    return lambda: capture(step=step, rank=0, model=model, optimizer=optimizer, scheduler=None, scaler=None,
+                           counters={"step": step, "epoch": 0, "samples_seen": 0})
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_save_commits_with_manifest_and_latest(store, model, async_save):
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=2, async_save=async_save)
+    result = manager.save(_capture(model, 5), 5)
+    manager.wait()
+    assert result.committed and result.error is None
+    manifest = read_manifest(store, 5)
+    assert set(manifest.files) == {"model.safetensors", "optimizer.safetensors", "optimizer.json",
+                                   "trainer.json", "rng-rank0.safetensors", "rng-rank0.json"}
+    assert read_verified(store, 5, manifest).keys() == manifest.files.keys()
+    assert store.read_bytes(LATEST) == b"step-5\n"
+    manager.close()
+
+
+def test_retention_deletes_only_after_a_newer_commit(store, model):
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=2, async_save=False)
+    for step in (1, 2, 3):
+        manager.save(_capture(model, step), step)
+    assert committed_steps(store) == [2, 3]
+    assert not store.list("step-1")
+
+
+def test_a_failed_save_keeps_both_earlier_commits(store, model, monkeypatch):
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=2, async_save=False)
+    for step in (1, 2):
+        manager.save(_capture(model, step), step)
+    monkeypatch.setenv("SKYLIFT_FAULT_INJECTION", "during_payload:step=3:action=enospc")
+    result = manager.save(_capture(model, 3), 3)
+    assert not result.committed and "No space left" in result.error
+    assert committed_steps(store) == [1, 2]
+    assert not store.list("step-3"), "the abandoned folder is removed"
+    assert store.read_bytes(LATEST) == b"step-2\n"
+
+
+def test_keep_below_two_is_refused(store):
+    with pytest.raises(ValueError, match="checkpoint.keep must be >= 2"):
+        CheckpointManager(store, rank=0, world_size=1, keep=1, async_save=False)
+
+
+def test_uncommitted_folders_are_invisible_and_cleaned(store, model):
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    manager.save(_capture(model, 1), 1)
+    store.write_bytes("step-9/model.safetensors", b"half-written junk")
+    assert committed_steps(store) == [1]
+    found = find_latest_valid(store)
+    assert found is not None and found[0].step == 1
+    assert manager.remove_uncommitted() == [9]
+    assert not store.list("step-9")
+
+
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "delete_file", "manifest_garbage", "manifest_missing_entry"])
+def test_corrupt_newest_is_skipped_with_a_warning_naming_it(store, model, damage, caplog):
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    for step in (1, 2):
+        manager.save(_capture(model, step), step)
+    key = "step-2/model.safetensors"
+    if damage == "flip_byte":
+        data = bytearray(store.read_bytes(key))
+        data[len(data) // 2] ^= 0xFF
+        store.write_bytes(key, bytes(data))
+    elif damage == "truncate":
+        store.write_bytes(key, store.read_bytes(key)[:-10])
+    elif damage == "delete_file":
+        store.delete([key])
+    elif damage == "manifest_garbage":
+        store.write_bytes("step-2/manifest.json", b"{not json")
+    else:
+        manifest = json.loads(store.read_bytes("step-2/manifest.json"))
+        del manifest["files"]["model.safetensors"]
+        store.write_bytes("step-2/manifest.json", json.dumps(manifest).encode())
+        store.write_bytes(key, b"replaced")
+    with caplog.at_level(logging.WARNING, logger="skylift"):
+        found = find_latest_valid(store)
+    assert found is not None and found[0].step == 1
+    assert "step-2" in caplog.text and "skipping checkpoint" in caplog.text
+
+
+def test_verified_read_names_file_and_both_hashes(store, model):
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=2, async_save=False)
+    manager.save(_capture(model, 1), 1)
+    manifest = read_manifest(store, 1)
+    store.write_bytes("step-1/trainer.json", b"{}")
+    with pytest.raises(CorruptCheckpointError) as caught:
+        read_verified(store, 1, manifest)
+    message = str(caught.value)
+    assert "step-1/trainer.json" in message
+    assert manifest.files["trainer.json"]["sha256"] in message
+    assert "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" in message  # sha256 of b"{}"

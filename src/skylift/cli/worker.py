@@ -22,7 +22,7 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
 
     setup_logging()
     if as_json:
-        config.monitor.progress_bar = "off"
+        config.monitor.progress_bar = False
     trainer = Trainer(config)
     try:
         summary = trainer.fit()

@@ -253,8 +253,9 @@ class MonitorConfig(_Section):
     tensorboard: bool = True
     """Write TensorBoard event files to ``RUN_DIR/tensorboard``."""
 
-    progress_bar: Literal["auto", "on", "off"] = "auto"
-    """Rich progress bar on rank 0; ``auto`` shows it when stdout is a terminal."""
+    progress_bar: bool | Literal["auto"] = "auto"
+    """Rich progress bar on rank 0: ``true``, ``false`` (YAML reads on/off as these), or
+    ``auto``, which shows it when stdout is a terminal."""
 
 
 class RunConfig(_Section):

@@ -374,5 +374,5 @@ class Trainer:
         return max_diff == 0.0, max_diff
 
 
-def _progress_wanted(setting: str) -> bool:
-    return setting == "on" or (setting == "auto" and sys.stdout.isatty())
+def _progress_wanted(setting: bool | str) -> bool:
+    return sys.stdout.isatty() if setting == "auto" else bool(setting)

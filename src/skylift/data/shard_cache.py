@@ -1,0 +1,127 @@
+"""A bounded local cache of shards, shared by every worker and rank on a node.
+
+Downloads are verified against the index's sha256, written via a temporary file and
+rename, and guarded by an ``flock`` per shard so that concurrent workers download each
+shard once (the lock dies with its process, so a killed worker never wedges others).
+When the cache passes its limit, the least recently used shards go first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import uuid
+from pathlib import Path
+
+from skylift.data.shards import ShardInfo
+from skylift.storage import StorageError, Store
+
+__all__ = ["CorruptShardError", "ShardCache"]
+
+log = logging.getLogger("skylift")
+_DOWNLOAD_ATTEMPTS = 3
+
+
+class CorruptShardError(StorageError):
+    """A shard's bytes keep failing their sha256 check."""
+
+
+class ShardCache:
+    """Shards of one dataset under ``cache_dir``, at most ``limit_bytes`` in total."""
+
+    def __init__(self, store: Store, cache_dir: str | os.PathLike[str], *, limit_bytes: int) -> None:
+        self.store = store
+        self.root = Path(cache_dir) / hashlib.sha256(store.url.encode()).hexdigest()[:16]
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.limit_bytes = limit_bytes
+        self.downloads = 0
+        self.bytes_downloaded = 0
+
+    def path(self, shard: ShardInfo) -> Path:
+        return self.root / shard.name
+
+    def read(self, shard: ShardInfo, keep: frozenset[str] = frozenset()) -> bytes:
+        """The shard's bytes, verified: a cached copy that fails its sha256 is fetched again.
+
+        Shards in ``keep`` (the ones a reader still needs) are never evicted for this one.
+        """
+        target = self.path(shard)
+        with _locked(self.root / f".{shard.name}.lock"):
+            data = target.read_bytes() if target.is_file() else None
+            if data is not None and not _matches(data, shard):
+                log.warning("cached shard %s failed its sha256 check; fetching it again", shard.name)
+                target.unlink(missing_ok=True)
+                data = None
+            if data is None:
+                data = self._download(shard)
+                # Make room, then publish, under one cache-wide lock, so concurrent
+                # downloads never take the cache past its limit together.
+                with _locked(self.root / ".cache.lock"):
+                    self._evict(keep, incoming_bytes=len(data))
+                    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+                    temporary.write_bytes(data)
+                    os.replace(temporary, target)
+            else:
+                os.utime(target)  # recency for LRU eviction
+        return data
+
+    def _download(self, shard: ShardInfo) -> bytes:
+        for attempt in range(1, _DOWNLOAD_ATTEMPTS + 1):
+            data = self.store.read_bytes(shard.name)
+            self.downloads += 1
+            self.bytes_downloaded += len(data)
+            if _matches(data, shard):
+                return data
+            log.warning("%s failed its sha256 check (attempt %d)", self.store.describe(shard.name), attempt)
+        raise CorruptShardError(
+            f"{self.store.describe(shard.name)} does not match index.json (expected sha256 {shard.sha256}); "
+            "the dataset changed or is damaged: rebuild it with `skylift shard`"
+        )
+
+    def _evict(self, keep: frozenset[str], incoming_bytes: int = 0) -> None:
+        """Delete least recently used shards (not in ``keep``) until ``incoming_bytes`` more fit."""
+        entries = sorted(self._entries())  # oldest first
+        total = sum(size for _, size, _ in entries) + incoming_bytes
+        for _, size, path in entries:
+            if total <= self.limit_bytes:
+                return
+            if path.name in keep:
+                continue
+            try:
+                path.unlink()
+            except FileNotFoundError:  # another worker evicted it first
+                pass
+            total -= size
+
+    def cached_bytes(self) -> int:
+        return sum(size for _, size, _ in self._entries())
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of each cached shard; files vanishing meanwhile are skipped."""
+        entries = []
+        for path in self.root.glob("shard-*.tar"):
+            try:
+                status = path.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((status.st_mtime, status.st_size, path))
+        return entries
+
+
+def _matches(data: bytes, shard: ShardInfo) -> bool:
+    return len(data) == shard.size and hashlib.sha256(data).hexdigest() == shard.sha256
+
+
+class _locked:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self._handle = open(self.path, "a+")
+        fcntl.flock(self._handle, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc_info: object) -> None:
+        fcntl.flock(self._handle, fcntl.LOCK_UN)
+        self._handle.close()

@@ -107,8 +107,8 @@ class Run:
                 _command(run_dir, nproc), cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        self._family: dict[int, psutil.Process] = {}
-        self._family_seen_at = -math.inf
+        self.family: dict[int, psutil.Process] = {}
+        self.family_seen_at = -math.inf
         self.returncode: int | None = None
 
     @property
@@ -125,12 +125,12 @@ class Run:
     def remember_family(self, *, every_s: float = 0.0) -> None:
         """Note every descendant, so they can be killed even once orphaned (at most
         once per ``every_s``: walking /proc costs CPU the runs need)."""
-        if time.monotonic() - self._family_seen_at < every_s:
+        if time.monotonic() - self.family_seen_at < every_s:
             return
-        self._family_seen_at = time.monotonic()
+        self.family_seen_at = time.monotonic()
         try:
             for child in psutil.Process(self.popen.pid).children(recursive=True):
-                self._family.setdefault(child.pid, child)
+                self.family.setdefault(child.pid, child)
         except psutil.Error:
             pass
 
@@ -164,13 +164,13 @@ class Run:
                 os.killpg(self.popen.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for process in self._family.values():
+        for process in self.family.values():
             try:
                 process.kill()  # psutil refuses a pid that now belongs to another process
             except psutil.Error:
                 pass
         self.popen.wait(30)
-        psutil.wait_procs(list(self._family.values()), timeout=30)
+        psutil.wait_procs(list(self.family.values()), timeout=30)
 
 
 @contextmanager
@@ -368,14 +368,15 @@ def test_sigterm_to_the_launcher_stops_both_ranks_together_and_resumes_exactly(r
     with running(run_dir, nproc=2, env=_environment()) as run:
         run.wait_for_step(ARM_AFTER_STEP)
         run.remember_family()
-        workers = [p for p in run._family.values() if "skylift.cli.worker" in " ".join(_cmdline(p))]
-        assert len(workers) == 2, [_cmdline(p) for p in run._family.values()]
+        workers = [p for p in run.family.values() if "skylift.cli.worker" in " ".join(_cmdline(p))]
+        assert len(workers) == 2, [_cmdline(p) for p in run.family.values()]
         signalled = time.monotonic()
         run.popen.send_signal(signal.SIGTERM)  # the launcher only, as a kubelet or scheduler would
         run.wait(timeout_s=GRACE_S + 30)
         elapsed_s = time.monotonic() - signalled
         record, stopped_at = assert_preempted_and_committed(run, world_size=2)
         assert elapsed_s < GRACE_S, f"the launcher took {elapsed_s:.1f} s, more than the {GRACE_S} s grace"
+        assert record["seconds_left_at_notice"] <= GRACE_S, record
         assert not any(worker.is_running() for worker in workers), "a worker outlived the launcher"
         stderr = run.stderr
         assert "terminate called" not in stderr, run.explain()

@@ -17,6 +17,7 @@ ignore and the next start deletes.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +41,10 @@ from skylift.storage import Store
 __all__ = ["CheckpointManager", "SaveResult"]
 
 log = logging.getLogger("skylift")
+
+
+class SaveCancelled(Exception):
+    """A background save given up so that a newer emergency save can start at once."""
 
 
 class SaveResult:
@@ -86,6 +91,7 @@ class CheckpointManager:
         self._on_failure = on_commit_failure
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="skylift-checkpoint") if async_save else None
         self._in_flight: Future[SaveResult] | None = None
+        self._cancel = threading.Event()
         self.history: list[SaveResult] = []
 
     @property
@@ -111,6 +117,7 @@ class CheckpointManager:
         finished first, so saves commit in order and never overlap.
         """
         self.wait()
+        self._cancel.clear()
         result = SaveResult(step)
         started = time.perf_counter()
         snapshot = capture()
@@ -121,6 +128,11 @@ class CheckpointManager:
         else:
             self._in_flight = self._executor.submit(self._write_and_commit, snapshot, result)
         return result
+
+    def cancel_in_flight(self) -> None:
+        """Abandon the save in flight at its next file boundary (it will not commit)."""
+        if self.busy:
+            self._cancel.set()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed or abandoned."""
@@ -140,10 +152,12 @@ class CheckpointManager:
         folder = step_folder(snapshot.step)
         try:
             for name, data in snapshot.serialize().items():
+                self._raise_if_cancelled()
                 self.store.write_bytes(f"{folder}/{name}", data)
                 entries[name] = file_entry(data)
                 fault_point("during_payload", step=snapshot.step, rank=self.rank)
             fault_point("after_payload", step=snapshot.step, rank=self.rank)
+            self._raise_if_cancelled()
         except Exception as failure:  # any failure abandons this save on every rank
             error = f"rank {self.rank}: {type(failure).__name__}: {failure}"
         result.committed, result.error = self._commit(snapshot.step, entries, error)
@@ -156,6 +170,10 @@ class CheckpointManager:
             if self._on_failure is not None:
                 self._on_failure(result.error or "unknown error")
         return result
+
+    def _raise_if_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise SaveCancelled("cancelled for an emergency save of a newer step")
 
     def _commit(self, step: int, entries: dict[str, dict[str, Any]], error: str | None) -> tuple[bool, str | None]:
         reports = self._gather((entries, error))

@@ -87,6 +87,7 @@ class Checkpointing:
         )
         self.lease = RunLease(self.store, ttl_s=config.lease_ttl_s) if context.is_main else None
         self.objects: TrainingObjects | None = None
+        self._buffers: dict[str, Any] = {}  # host copies reused between saves
         self._recorded = 0
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
@@ -180,6 +181,7 @@ class Checkpointing:
                 scheduler=objects.scheduler,
                 scaler=objects.scaler,
                 counters=counters,
+                buffers=self._buffers,
             ),
             state.step,
             blocking=blocking,
@@ -189,13 +191,19 @@ class Checkpointing:
         return result
 
     def save_for_preemption(self, state: TrainState, decision: Decision) -> dict[str, Any]:
-        """Save now if it fits the notice window; return the ``preemption`` metrics record."""
-        started = time.time()
-        self.manager.wait()
-        seconds_left = decision.deadline_s - time.time()
+        """Save the current step if it fits the notice window; return the ``preemption`` record.
+
+        A background save still in flight is for an older step: when the new save fits,
+        the old one is cancelled (its files abandoned) instead of finishing first, so the
+        worst case is one save, not one and a half.
+        """
+        noticed_at_s = decision.noticed_at_s if math.isfinite(decision.noticed_at_s) else time.time()
         estimate_s = self._save_estimate_s()
-        fits = estimate_s is None or estimate_s * _SAFETY_FACTOR < seconds_left
-        fits = bool(self._broadcast(fits))
+        seconds_left = decision.deadline_s - time.time()
+        fits = bool(self._broadcast(estimate_s is None or estimate_s * _SAFETY_FACTOR < seconds_left))
+        if fits and state.step != self._last_saved_step:
+            self.manager.cancel_in_flight()
+        self.manager.wait()
         result = self.save(state, blocking=True) if fits else None
         committed = self.manager.last_committed
         if not fits:
@@ -203,15 +211,17 @@ class Checkpointing:
                 "preempted: a save needs ~%.1f s but %.1f s are left; relying on checkpoint step %s",
                 estimate_s, seconds_left, committed.step if committed else None,
             )
+        now = time.time()
+        window_s = decision.deadline_s - noticed_at_s
         return {
             "kind": "preemption",
             "step": state.step,
             "reason": decision.stop_reason,
-            "seconds_left_at_notice": None if math.isinf(seconds_left) else round(seconds_left, 3),
+            "seconds_left_at_notice": None if math.isinf(window_s) else round(window_s, 3),
             "saved": bool(result and result.committed) or self._last_saved_step == state.step,
-            "checkpoint_step": committed.step if committed else self._last_saved_step,
-            "notice_to_commit_s": round(time.time() - started, 3),
-            "time": time.time(),
+            "checkpoint_step": committed.step if committed else None,
+            "notice_to_commit_s": round(now - noticed_at_s, 3),
+            "time": now,
         }
 
     def finish(self, state: TrainState) -> None:
@@ -271,8 +281,10 @@ class Checkpointing:
             log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)", step, self.context.rank)
 
     def _save_estimate_s(self) -> float | None:
-        done = [result for result in self.manager.history if result.committed]
-        return done[-1].stall_s + done[-1].write_s if done else None
+        """The fastest of the last three saves: background saves are slowed by the
+        training running beside them, which would overstate a blocking save."""
+        done = [result.stall_s + result.write_s for result in self.manager.history if result.committed]
+        return min(done[-3:]) if done else None
 
     def _any_rank_busy(self) -> bool:
         busy = self.manager.busy

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ class Decision:
     deadline_s: float = math.inf
     """Earliest known time.time() at which the machines go away (inf when unknown)."""
     save: bool = False
+    noticed_at_s: float = math.inf
+    """Earliest time.time() at which any rank learned of the stop (inf when none)."""
 
     @property
     def stop_reason(self) -> str | None:
@@ -56,14 +59,16 @@ class StepAgreement:
         self._lock = threading.RLock()
         self._stop_code = StopReason.NONE
         self._deadline_s = math.inf
+        self._noticed_at_s = math.inf
         self._save = False
         self._pending: tuple[Any, torch.Tensor] | None = None
 
-    def request_stop(self, code: int, deadline_s: float | None = None) -> None:
+    def request_stop(self, code: int, deadline_s: float | None = None, noticed_at_s: float | None = None) -> None:
         with self._lock:
             self._stop_code = max(self._stop_code, code)
             if deadline_s is not None:
                 self._deadline_s = min(self._deadline_s, deadline_s)
+            self._noticed_at_s = min(self._noticed_at_s, noticed_at_s if noticed_at_s is not None else time.time())
 
     def request_save(self) -> None:
         with self._lock:
@@ -95,11 +100,13 @@ class StepAgreement:
     def _take_local(self) -> torch.Tensor:
         with self._lock:
             # Stop requests persist (a notice stays true); save requests are consumed.
-            values = torch.tensor([float(self._stop_code), -self._deadline_s, float(self._save)], dtype=torch.float64)
+            values = torch.tensor(
+                [float(self._stop_code), -self._deadline_s, float(self._save), -self._noticed_at_s], dtype=torch.float64
+            )
             self._save = False
         return values
 
 
 def _decode(values: torch.Tensor) -> Decision:
-    stop_code, negative_deadline, save = values.tolist()
-    return Decision(int(stop_code), -negative_deadline, bool(save))
+    stop_code, negative_deadline, save, negative_noticed_at = values.tolist()
+    return Decision(int(stop_code), -negative_deadline, bool(save), -negative_noticed_at)

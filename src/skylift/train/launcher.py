@@ -104,7 +104,10 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
+        if code == EXIT_REQUEUE:
+            print(f"skylift: workers stopped for preemption; exit {code} (requeue to resume)", file=sys.stderr)
+        else:
+            print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
         return code
     return 0
 

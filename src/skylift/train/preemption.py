@@ -58,7 +58,7 @@ class PreemptionWatch:
             self.agreement.request_save()
             return
         self.notice = notice
-        self.agreement.request_stop(StopReason.PREEMPTED, notice.deadline_s)
+        self.agreement.request_stop(StopReason.PREEMPTED, notice.deadline_s, notice.received_at_s)
 
 
 def _install_signals(watch_signals: Any, on_notice: Any, grace_s: float | None) -> Any:

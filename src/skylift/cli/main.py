@@ -16,6 +16,7 @@ COMMANDS = {
     "run": ("run", "Train from a config: in this process, or on --nproc workers through torchrun."),
     "launch": ("launch", "Run any unmodified torchrun-style script on --nproc workers."),
     "check": ("check", "Validate a config and print it fully resolved (nothing is started)."),
+    "shard": ("shard", "Write a dataset as tar shards + index to a folder or object store, for streaming."),
 }
 
 

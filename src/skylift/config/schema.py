@@ -87,6 +87,31 @@ class DataConfig(_Section):
     pin_memory: bool = True
     """Pin host batches for faster, asynchronous copies to a GPU (ignored on CPU)."""
 
+    url: str | None = None
+    """Stream training data from a sharded dataset written by ``skylift shard`` (a local
+    folder or ``s3://``, ``oss://``, ``cos://`` URL holding ``index.json``) instead of
+    loading ``dataset`` into memory."""
+
+    val_url: str | None = None
+    """Sharded validation set to stream (every sample scored once); ``null``: none."""
+
+    endpoint_url: str | None = None
+    """S3 API endpoint for ``url``/``val_url`` on S3-compatible stores (else from the
+    environment, as for checkpoints)."""
+
+    cache_dir: str = "~/.cache/skylift/shards"
+    """Node-wide cache of downloaded shards, shared by all ranks and workers."""
+
+    cache_limit_gib: float = Field(default=20.0, gt=0.0)
+    """Bound of the shard cache; least recently used shards are evicted past it."""
+
+    prefetch_shards: int = Field(default=4, ge=0, le=64)
+    """Shards each data worker downloads ahead of the one it reads."""
+
+    shuffle_block_shards: int = Field(default=4, ge=1, le=1024)
+    """Shards whose samples are shuffled together each epoch (more: better mixing,
+    more memory)."""
+
 
 class OptimConfig(_Section):
     name: Literal["adamw", "sgd"] = "adamw"

@@ -19,7 +19,7 @@ import io
 import json
 import tarfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from skylift.storage import StorageNotFoundError, Store
@@ -42,6 +42,8 @@ class ShardInfo:
 class ShardIndex:
     shards: list[ShardInfo]
     fields: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about the dataset, e.g. ``{"classes": [...]}``."""
 
     @property
     def num_samples(self) -> int:
@@ -52,6 +54,7 @@ class ShardIndex:
             "format": FORMAT,
             "fields": self.fields,
             "num_samples": self.num_samples,
+            "metadata": self.metadata,
             "shards": [shard.__dict__ for shard in self.shards],
         }
         return json.dumps(payload, indent=1).encode()
@@ -73,7 +76,7 @@ def read_index(store: Store) -> ShardIndex:
     if payload.get("format") != FORMAT:
         raise ValueError(f"{store.describe(INDEX)}: format {payload.get('format')!r} is not {FORMAT!r}")
     shards = [ShardInfo(**entry) for entry in payload["shards"]]
-    return ShardIndex(shards, list(payload["fields"]))
+    return ShardIndex(shards, list(payload["fields"]), dict(payload.get("metadata") or {}))
 
 
 class ShardWriter:
@@ -122,13 +125,13 @@ class ShardWriter:
         for sample in samples:
             self.add(sample)
 
-    def close(self) -> ShardIndex:
+    def close(self, metadata: dict[str, Any] | None = None) -> ShardIndex:
         """Write the last shard and then the index (the commit point)."""
         if self._pending_samples:
             self._flush()
         if not self.shards:
             raise ValueError("no samples were written")
-        index = ShardIndex(list(self.shards), sorted(self.fields))
+        index = ShardIndex(list(self.shards), sorted(self.fields), dict(metadata or {}))
         self.store.write_bytes(INDEX, index.encode())
         return index
 

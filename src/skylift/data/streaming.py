@@ -30,7 +30,7 @@ from skylift.data.shard_cache import ShardCache
 from skylift.data.shards import ShardIndex, ShardInfo, read_index, read_shard_samples
 from skylift.storage import Store, open_store
 
-__all__ = ["StreamingDataset"]
+__all__ = ["EvalStream", "StreamingDataset"]
 
 Decoder = Callable[[dict[str, bytes]], Any]
 
@@ -238,3 +238,40 @@ def _offsets(shards: list[ShardInfo]) -> list[int]:
         offsets.append(total)
         total += shard.num_samples
     return offsets
+
+
+class EvalStream(IterableDataset):
+    """Every sample of a sharded dataset exactly once, in batches: rank ``r`` reads shards
+    ``r, r + W, ...`` in order. Ranks may get different numbers of batches (evaluation
+    sums are all-reduced once at the end, never per batch)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        decode: Decoder,
+        batch_size: int,
+        cache_dir: str,
+        cache_limit_bytes: int,
+        rank: int = 0,
+        world_size: int = 1,
+        collate: Callable[[list[Any]], Any] = default_collate,
+        endpoint_url: str | None = None,
+    ) -> None:
+        self.store = open_store(url, endpoint_url=endpoint_url)
+        self.index = read_index(self.store)
+        self.decode, self.collate, self.batch_size = decode, collate, batch_size
+        self.cache_dir, self.cache_limit_bytes = cache_dir, cache_limit_bytes
+        self.shards = self.index.shards[rank::world_size]
+
+    def __iter__(self) -> Iterator[Any]:
+        cache = ShardCache(self.store, self.cache_dir, limit_bytes=self.cache_limit_bytes)
+        pending: list[Any] = []
+        for shard in self.shards:
+            for sample in read_shard_samples(cache.read(shard)):
+                pending.append(self.decode(sample))
+                if len(pending) == self.batch_size:
+                    yield self.collate(pending)
+                    pending = []
+        if pending:
+            yield self.collate(pending)

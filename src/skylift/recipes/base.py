@@ -38,6 +38,10 @@ class Recipe:
         count = max(sums.get("count", 0.0), 1.0)
         return {key.removesuffix("_sum"): value / count for key, value in sums.items() if key != "count"}
 
+    def decoder(self, fields: list[str]) -> Any:
+        """How to turn a streamed sample (field -> bytes) into what ``training_loss`` takes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read sharded datasets")
+
     def batch_size(self, batch: Any) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))
         return int(first.shape[0])

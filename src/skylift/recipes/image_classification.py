@@ -45,6 +45,22 @@ class ImageClassification(Recipe):
     def __init__(self, config: RunConfig) -> None:
         self.config = config
 
+    def decoder(self, fields: list[str]) -> Any:
+        """(image as float CHW, label) from an ``npy`` (float) or encoded image plus ``cls``."""
+        from skylift.data.codecs import decode_field
+
+        image_field = next((name for name in fields if name != "cls"), None)
+        if image_field is None or "cls" not in fields:
+            raise ValueError(f"image classification needs an image field and 'cls'; the shards have {fields}")
+
+        def decode(sample: dict[str, bytes]) -> tuple[torch.Tensor, int]:
+            image = decode_field(image_field, sample[image_field])
+            if image.dtype == torch.uint8:
+                image = image.float() / 255.0
+            return image, decode_field("cls", sample["cls"])
+
+        return decode
+
     def build_datasets(self) -> DatasetSplit:
         data = self.config.data
         if data.dataset == "digits":

@@ -19,13 +19,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
 
 from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
-from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
+from skylift.data.loaders import build_loaders
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.recipes import build_recipe
@@ -75,7 +74,8 @@ class _Parts:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    sampler: GlobalBatchSampler
+    sampler: Any
+    """The epoch's sample order: ``set_epoch(epoch, start_step)``, ``steps_per_epoch``."""
     train_loader: Any
     val_loader: Any | None
 
@@ -190,42 +190,18 @@ class Trainer:
 
     def _build(self) -> _Parts:
         config, runtime = self.config, self.runtime
-        data = self.recipe.build_datasets()
-        model = self.recipe.build_model(data)
+        loaders = build_loaders(
+            config, self.recipe, runtime.dist, pin_memory=config.data.pin_memory and runtime.device.type == "cuda"
+        )
+        model = self.recipe.build_model(loaders.data)
         optimizer = build_optimizer(model, config.optim, runtime.device)
-        sampler = GlobalBatchSampler(
-            len(data.train),  # type: ignore[arg-type]
-            config.data.global_batch_size,
-            config.accumulation.steps,
-            rank=runtime.dist.rank,
-            world_size=runtime.dist.world_size,
-            seed=config.seed,
-        )
-        scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(sampler))
+        scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
-        train_loader = runtime.prepare_dataloader(self._loader(data.train, sampler))
-        val_loader = None
-        if data.val is not None:
-            eval_sampler = ShardedEvalSampler(
-                len(data.val),  # type: ignore[arg-type]
-                config.data.eval_batch_size,
-                rank=runtime.dist.rank,
-                world_size=runtime.dist.world_size,
-            )
-            val_loader = runtime.prepare_dataloader(self._loader(data.val, eval_sampler))
-        return _Parts(data, model, optimizer, scheduler, sampler, train_loader, val_loader)
+        train_loader = runtime.prepare_dataloader(loaders.train)
+        val_loader = runtime.prepare_dataloader(loaders.val) if loaders.val is not None else None
+        return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, train_loader, val_loader)
 
-    def _loader(self, dataset: Any, batch_sampler: Any) -> DataLoader:
-        data = self.config.data
-        return DataLoader(
-            dataset,
-            batch_sampler=batch_sampler,
-            num_workers=data.num_workers,
-            pin_memory=data.pin_memory and self.runtime.device.type == "cuda",
-            persistent_workers=data.num_workers > 0,
-        )
-
-    def _total_steps(self, sampler: GlobalBatchSampler) -> int:
+    def _total_steps(self, sampler: Any) -> int:
         planned = sampler.steps_per_epoch * self.config.schedule.epochs
         cap = self.config.schedule.max_steps
         return min(planned, cap) if cap else planned

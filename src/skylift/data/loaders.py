@@ -1,0 +1,95 @@
+"""Build the training and evaluation loaders a run needs, in memory or streamed from shards."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from skylift.config.schema import RunConfig
+from skylift.data.datasets import DatasetSplit
+from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
+from skylift.train.distributed import DistributedContext
+
+__all__ = ["Loaders", "build_loaders"]
+
+
+@dataclass
+class Loaders:
+    """``order`` has ``set_epoch(epoch, start_step)`` and ``steps_per_epoch``."""
+
+    data: DatasetSplit
+    order: Any
+    train: DataLoader
+    val: DataLoader | None
+
+
+def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *, pin_memory: bool) -> Loaders:
+    if config.data.url:
+        return _streamed(config, recipe, context, pin_memory)
+    data = recipe.build_datasets()
+    order = GlobalBatchSampler(
+        len(data.train),
+        config.data.global_batch_size,
+        config.accumulation.steps,
+        rank=context.rank,
+        world_size=context.world_size,
+        seed=config.seed,
+    )
+    train = _loader(data.train, config, pin_memory, batch_sampler=order)
+    val = None
+    if data.val is not None:
+        shards = ShardedEvalSampler(len(data.val), config.data.eval_batch_size, rank=context.rank,
+                                    world_size=context.world_size)
+        val = _loader(data.val, config, pin_memory, batch_sampler=shards)
+    return Loaders(data, order, train, val)
+
+
+def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_memory: bool) -> Loaders:
+    from skylift.data.shards import read_shard_samples
+    from skylift.data.streaming import EvalStream, StreamingDataset
+
+    data = config.data
+    cache = {"cache_dir": os.path.expanduser(data.cache_dir), "cache_limit_bytes": int(data.cache_limit_gib * 2**30)}
+    train = StreamingDataset(
+        data.url or "",
+        decode=lambda sample: sample,  # replaced below, once the fields are known
+        global_batch_size=data.global_batch_size,
+        accumulation_steps=config.accumulation.steps,
+        rank=context.rank,
+        world_size=context.world_size,
+        seed=config.seed,
+        prefetch_shards=data.prefetch_shards,
+        shuffle_block_shards=data.shuffle_block_shards,
+        endpoint_url=data.endpoint_url,
+        **cache,
+    )
+    train.decode = recipe.decoder(train.index.fields)
+    first = train.decode(next(read_shard_samples(train.store.read_bytes(train.index.shards[0].name))))
+    classes = train.index.metadata.get("classes") or []
+    if not classes and config.model.num_classes is None:
+        from skylift.errors import SkyliftConfigError
+
+        raise SkyliftConfigError(f"data.url: {data.url} lists no classes in its index; set model.num_classes")
+    split = DatasetSplit(train=train, val=None, num_classes=len(classes), in_channels=int(first[0].shape[0]))
+    val = None
+    if data.val_url:
+        stream = EvalStream(data.val_url, decode=train.decode, batch_size=data.eval_batch_size, rank=context.rank,
+                            world_size=context.world_size, endpoint_url=data.endpoint_url, **cache)
+        val = _loader(stream, config, pin_memory, batch_size=None, workers=0)
+    return Loaders(split, train, _loader(train, config, pin_memory, batch_size=None), val)
+
+
+def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | None = None, **batching: Any) -> DataLoader:
+    num_workers = config.data.num_workers if workers is None else workers
+    return DataLoader(
+        dataset,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        # A streamed dataset's epoch is set in the main process before each iteration;
+        # persistent workers would keep the previous epoch's copy.
+        persistent_workers=num_workers > 0 and not config.data.url,
+        **batching,
+    )

@@ -114,3 +114,22 @@ def test_no_unsafe_deserialisation_in_the_package():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_streamed_safetensors_load_with_the_reference_reader():
+    from safetensors.torch import load
+
+    from skylift.checkpoint.state import Snapshot
+
+    tensors = {
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "int": torch.arange(7),
+        "flag": torch.tensor([True, False]),
+        "strided": torch.randn(6, 4).t(),
+    }
+    loaded = load(Snapshot(1, tensors={"t.safetensors": tensors}).serialize()["t.safetensors"])
+    assert loaded.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert torch.equal(loaded[name], tensor) and loaded[name].dtype == tensor.dtype

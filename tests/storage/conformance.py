@@ -19,6 +19,11 @@ class StoreConformance:
         assert store.size("a/b/c.bin") == 7
         assert store.exists("a/b/c.bin")
 
+    def test_write_chunks_streams_the_same_object(self, store):
+        chunks = [b"head", memoryview(b"-middle-"), bytes(range(256)) * 100]
+        store.write_chunks("streamed", lambda: iter(chunks))
+        assert store.read_bytes("streamed") == b"".join(bytes(chunk) for chunk in chunks)
+
     def test_overwrite_replaces_whole_object(self, store):
         store.write_bytes("x", b"first version, longer")
         store.write_bytes("x", b"second")

@@ -59,6 +59,21 @@ def test_transient_faults_are_retried(proxy, s3_bucket, fault):
     assert len(store.retry.attempts_log) == 3
 
 
+def test_streamed_write_restarts_its_chunks_on_retry(proxy, s3_bucket):
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=RetryPolicy(**FAST_RETRY))
+    passes = []
+
+    def chunks():
+        passes.append(1)
+        yield b"a" * 5000
+        yield b"b" * 5000
+
+    proxy.fail(2, 503)
+    store.write_chunks("streamed", chunks)
+    assert store.read_bytes("streamed") == b"a" * 5000 + b"b" * 5000
+    assert len(passes) == 3
+
+
 def test_retries_give_up_with_a_typed_error(proxy, s3_bucket):
     retry = RetryPolicy(max_attempts=3, **FAST_RETRY)
     store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=retry)

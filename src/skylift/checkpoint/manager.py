@@ -31,7 +31,7 @@ from skylift.checkpoint.manifest import (
     MANIFEST,
     Manifest,
     committed_steps,
-    file_entry,
+    hashing,
     step_folder,
     step_folders,
 )
@@ -151,10 +151,11 @@ class CheckpointManager:
         error = None
         folder = step_folder(snapshot.step)
         try:
-            for name, data in snapshot.serialize().items():
+            for name, make_chunks in snapshot.files():
                 self._raise_if_cancelled()
-                self.store.write_bytes(f"{folder}/{name}", data)
-                entries[name] = file_entry(data)
+                hashed, entry = hashing(make_chunks)
+                self.store.write_chunks(f"{folder}/{name}", hashed)
+                entries[name] = entry
                 fault_point("during_payload", step=snapshot.step, rank=self.rank)
             fault_point("after_payload", step=snapshot.step, rank=self.rank)
             self._raise_if_cancelled()

@@ -23,11 +23,13 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from skylift.errors import SkyliftError
 from skylift.storage import StorageError, StorageNotFoundError, Store
+from skylift.storage.base import Chunks
 
 __all__ = [
     "LATEST",
@@ -36,6 +38,7 @@ __all__ = [
     "Manifest",
     "committed_steps",
     "file_entry",
+    "hashing",
     "find_latest_valid",
     "read_manifest",
     "read_verified",
@@ -94,6 +97,25 @@ def step_folder(step: int) -> str:
 
 def file_entry(data: bytes) -> dict[str, Any]:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def hashing(make_chunks: Chunks) -> tuple[Chunks, dict[str, Any]]:
+    """Wrap a chunk factory so the bytes are hashed as they are written, in one pass.
+
+    The returned entry holds the size and sha256 of the last complete pass (a retried
+    write passes again; the bytes are the same).
+    """
+    entry: dict[str, Any] = {}
+
+    def chunks() -> Iterator[bytes | memoryview]:
+        digest, size = hashlib.sha256(), 0
+        for chunk in make_chunks():
+            digest.update(chunk)
+            size += len(memoryview(chunk).cast("B"))
+            yield chunk
+        entry.update(size=size, sha256=digest.hexdigest())
+
+    return chunks, entry
 
 
 def step_folders(store: Store) -> dict[int, set[str]]:

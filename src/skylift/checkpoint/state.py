@@ -10,15 +10,17 @@ schedule, GradScaler, counters) and every rank its own RNG streams.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
 from torch import nn
 
 __all__ = ["Snapshot", "capture", "required_files", "restore_replicated", "restore_rng", "rng_files"]
@@ -49,12 +51,21 @@ class Snapshot:
     tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def serialize(self) -> dict[str, bytes]:
-        """File name -> bytes. Called off the training thread."""
-        files = {name: save_tensors(tensors) for name, tensors in self.tensors.items()}
+    def files(self) -> Iterator[tuple[str, Callable[[], Iterator[bytes | memoryview]]]]:
+        """(file name, chunk factory) per file, produced lazily, one file at a time.
+
+        Tensor files stream in safetensors layout straight from the tensors' memory:
+        no whole-file buffer, no second copy. Called off the training thread.
+        """
+        for name, tensors in self.tensors.items():
+            yield name, functools.partial(_safetensors_chunks, tensors)
         for name, document in self.documents.items():
-            files[name] = json.dumps(document, sort_keys=True).encode()
-        return files
+            encoded = json.dumps(document, sort_keys=True).encode()
+            yield name, functools.partial(iter, (encoded,))
+
+    def serialize(self) -> dict[str, bytes]:
+        """File name -> bytes, all in memory (for tests and small states)."""
+        return {name: b"".join(bytes(chunk) for chunk in make()) for name, make in self.files()}
 
 
 def capture(
@@ -169,6 +180,37 @@ class _HostCopier:
     def finish(self) -> None:
         if self._from_cuda:
             torch.cuda.synchronize()
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+
+
+def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> Iterator[bytes | memoryview]:
+    """The safetensors format (https://github.com/huggingface/safetensors#format): an
+    8-byte little-endian header length, a JSON header padded to 8 bytes, then each
+    tensor's raw bytes, back to back in header order."""
+    header: dict[str, Any] = {}
+    offset = 0
+    names = sorted(tensors)
+    for name in names:
+        tensor = tensors[name]
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"cannot store {name} of dtype {tensor.dtype} in a checkpoint")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    yield struct.pack("<Q", len(encoded)) + encoded
+    for name in names:
+        tensor = tensors[name].contiguous()
+        if tensor.numel():
+            yield memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
 def _split_optimizer(

@@ -7,9 +7,12 @@ atomic: a reader sees the old object, the new object, or nothing, never a part.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-__all__ = ["Store"]
+Chunks = Callable[[], Iterable[bytes | memoryview]]
+"""A factory of the chunks of one object: called again for each retry."""
+
+__all__ = ["Chunks", "Store"]
 
 
 class Store(abc.ABC):
@@ -25,6 +28,14 @@ class Store(abc.ABC):
             StoragePreconditionFailed: ``if_absent`` and the key already exists.
             StorageFullError: no space left.
         """
+
+    def write_chunks(self, key: str, make_chunks: Chunks) -> None:
+        """Write an object given as a sequence of chunks, atomically.
+
+        Lets large objects (checkpoint tensors) go to storage without first being
+        joined into one buffer. Backends override this to stream.
+        """
+        self.write_bytes(key, b"".join(bytes(chunk) for chunk in make_chunks()))
 
     @abc.abstractmethod
     def read_bytes(self, key: str) -> bytes:

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from skylift.storage.base import Store
+from skylift.storage.base import Chunks, Store
 from skylift.storage.errors import (
     StorageFullError,
     StorageNotFoundError,
@@ -37,12 +37,19 @@ class LocalStore(Store):
         return self.root / key
 
     def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        self._write(key, lambda: (data,), if_absent=if_absent)
+
+    def write_chunks(self, key: str, make_chunks: Chunks) -> None:
+        self._write(key, make_chunks, if_absent=False)
+
+    def _write(self, key: str, make_chunks: Chunks, *, if_absent: bool) -> None:
         target = self.path(key)
         temporary = target.with_name(f"{_TEMPORARY_PREFIX}{target.name}.{uuid.uuid4().hex}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(temporary, "wb") as handle:
-                handle.write(data)
+                for chunk in make_chunks():
+                    handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
             self._publish(temporary, target, if_absent=if_absent)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from skylift.storage.base import Store
+from skylift.storage.base import Chunks, Store
 from skylift.storage.errors import (
     StorageNotFoundError,
     StoragePermanentError,
@@ -94,6 +94,15 @@ class S3Store(Store):
                 self._client.upload_fileobj(io.BytesIO(data), self.bucket, self.object_key(key), Config=_transfer_config())
 
         self._call(put, key, "write")
+
+    def write_chunks(self, key: str, make_chunks: Chunks) -> None:
+        """Stream large objects through a multipart upload; each retry starts the chunks afresh."""
+
+        def upload() -> None:
+            reader = _ChunkReader(make_chunks())
+            self._client.upload_fileobj(reader, self.bucket, self.object_key(key), Config=_transfer_config())
+
+        self._call(upload, key, "write")
 
     def read_bytes(self, key: str) -> bytes:
         def get() -> bytes:
@@ -210,6 +219,29 @@ def _make_client(scheme: str, endpoint_url: str | None) -> Any:
         response_checksum_validation="when_required",
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of chunks, for ``upload_fileobj``."""
+
+    def __init__(self, chunks: Iterable[bytes | memoryview]) -> None:
+        self._chunks = iter(chunks)
+        self._current = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        while not len(self._current):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._current = memoryview(chunk).cast("B")
+        count = min(len(target), len(self._current))
+        target[:count] = self._current[:count]
+        self._current = self._current[count:]
+        return count
 
 
 def _addressing_style(scheme: str) -> str:

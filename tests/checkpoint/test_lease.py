@@ -11,16 +11,6 @@ import time
 import pytest
 
 from skylift.checkpoint.lease import LEASE, LeaseHeldError, RunLease
-from skylift.storage import open_store
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_store(str(tmp_path / "root"))
-    moto_server = request.getfixturevalue("moto_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/run", endpoint_url=moto_server.endpoint_url)
 
 
 def _write_lease(store, **fields):

@@ -19,16 +19,6 @@ from skylift.checkpoint.manifest import (
     read_verified,
 )
 from skylift.checkpoint.state import capture
-from skylift.storage import open_store
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return open_store(str(tmp_path / "checkpoints"))
-    moto_server = request.getfixturevalue("moto_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/run", endpoint_url=moto_server.endpoint_url)
 
 
 @pytest.fixture

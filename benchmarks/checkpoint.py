@@ -12,7 +12,7 @@ folder and S3 on an in-process moto server (127.0.0.1):
   commit before the next save; its background time is ``async_write_commit_s``.
 * ``notice_to_commit_s``: see :mod:`benchmarks.checkpoint_notice`.
 
-Per target: one untimed warm-up save, then ``repeats`` rounds of one sync and one
+Per target: ``--warmup-saves`` untimed saves (default none), then ``repeats`` rounds of one sync and one
 async save in alternating order, with training steps after each. Medians reported,
 every sample kept. ``python -m benchmarks.checkpoint [--quick]``.
 """
@@ -128,7 +128,7 @@ def measure_notices(workload: Workload, target: Target, saves: dict, args: argpa
     """One notice per scenario; arm windows come from this target's measured times."""
     step_s = statistics.median(s for sample in saves["sync"] for s in sample["train_step_s"])
     write_s = statistics.median(sample["write_commit_s"] for sample in saves["async"])
-    arm_within_s = {"idle": 2 * step_s, "during_save": 0.5 * write_s}
+    arm_within_s = {"idle": 2 * step_s, "during_save": 0.5 * write_s}  # measured above, on this target
     rng = random.Random(SEED)
     notices = []
     for scenario in SCENARIOS:
@@ -217,8 +217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="sync/async rounds per target (default 3, quick 1)")
     parser.add_argument("--width", type=int, help="MLP width (default 2048, quick 512)")
     parser.add_argument("--depth", type=int, help="Linear layers (default 24, quick 8)")
-    parser.add_argument("--warmup-saves", type=int, default=1, help="untimed saves per target first")
-    parser.add_argument("--steps-between", type=int, default=2, help="training steps after each save")
+    parser.add_argument("--warmup-saves", type=int, default=0, help="untimed saves per target first")
+    parser.add_argument("--steps-between", type=int, default=1, help="training steps after each save")
     parser.add_argument("--poll-interval-s", type=float, default=1.0, help="metadata poll interval (AWS default 5)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS))

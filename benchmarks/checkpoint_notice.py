@@ -9,9 +9,12 @@ one step, ``agreement.exchange()``, save when due, and on a preemption decision
 save). The clock runs from the moment the notice is published to the moment that
 call returns with the checkpoint committed.
 
-Two scenarios per target, both after one committed checkpoint:
-``idle`` (nothing in flight when the notice comes) and ``during_save`` (the notice
-comes while a background save is being written).
+Two scenarios per target, each on a fresh checkpoint root: ``idle`` (no save yet, none
+in flight: the notice is armed ``uniform(0, arm_within_s)`` after the loop starts) and
+``during_save`` (the first step boundary starts a background save, and the notice is
+armed ``uniform(0, arm_within_s)`` after that, so normally while it is being written).
+In ``idle`` no save has committed yet, so ``save_for_preemption`` has no estimate and
+skips its does-it-fit check (it always saves); in ``during_save`` it checks.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def measure_notice_to_commit(
     workload: Workload, target: Target, scenario: str, *, poll_interval_s: float, arm_within_s: float,
     rng: random.Random,
 ) -> dict[str, Any]:  # fmt: skip
-    """One notice in ``scenario``, armed ``uniform(0, arm_within_s)`` s after the first save."""
+    """One notice in ``scenario`` (see the module docstring)."""
     url, store = target.sibling(f"notice-{scenario}")
     agreement = StepAgreement()
     with tempfile.TemporaryDirectory(prefix="skylift-bench-run-") as run_dir, MetadataServer() as metadata:
@@ -118,7 +121,10 @@ def _train_until_stopped(
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """The Trainer's step boundary, until a preemption decision has been acted on."""
     state = _train_state(workload)
-    agreement.request_save()  # the first boundary saves, as after a rebalance notice
+    if scenario == "during_save":
+        agreement.request_save()  # the first boundary saves, as after a rebalance notice
+    else:
+        arming.start()
     while True:
         workload.train(1)
         state.step, state.samples_seen = workload.step, state.samples_seen + BATCH_SIZE
@@ -126,8 +132,6 @@ def _train_until_stopped(
         decision = agreement.exchange()
         if checkpointing.due(state, decision):
             checkpointing.save(state)
-            if scenario == "idle":
-                checkpointing.manager.wait()
             arming.start()
         if decision.stop_code == StopReason.PREEMPTED:
             record = checkpointing.save_for_preemption(state, decision)

@@ -64,7 +64,10 @@ def _cost_table(report: dict[str, Any]) -> Any:
 def _cpu_table(report: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    table = Table(title="Where the CPU goes during a sync save (median CPU s per thread group); training steps")
+    table = Table(title=(
+        "Where this process's CPU goes during a sync save (median CPU s per thread group; moto runs in-process); "
+        "training step times"
+    ))
     for column in ("target", "CPU s / wall s", "CPU s by thread group", "step s", "step s during async write"):
         table.add_column(column, justify="left" if column in ("target", "CPU s by thread group") else "right")
     for name, row in report["results"].items():
@@ -81,6 +84,13 @@ def _cpu_table(report: dict[str, Any]) -> Any:
 def print_report(report: dict[str, Any]) -> None:
     from rich.console import Console
 
+    config = report["config"]
     console = Console(width=160)
     console.print(_cost_table(report))
     console.print(_cpu_table(report))
+    console.print(
+        f"load average (1 min) {config['load_average_1m_start']:.2f} at start, {config['load_average_1m_end']:.2f} "
+        f"at end, on {config['cpu_count']} CPUs; peak RSS {config['peak_rss_bytes'] / 1e9:.1f} GB (moto's objects "
+        "included); notice->commit runs poll every "
+        f"{config['poll_interval_s']:g} s"
+    )

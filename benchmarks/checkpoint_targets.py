@@ -22,7 +22,9 @@ __all__ = ["TARGETS", "Target", "local_target", "s3_target"]
 BUCKET = "skylift-bench"
 # Never let boto3 look for a proxy, a profile or the instance metadata service.
 _ISOLATION = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-_REMOVED = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+_REMOVED = (
+    "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
+)  # fmt: skip
 
 
 @dataclass

@@ -46,7 +46,7 @@ def _read_ticks() -> dict[int, int]:
 class ThreadCpu:
     """``with ThreadCpu() as cpu: ...`` then ``cpu.by_group_s()``."""
 
-    def __init__(self, interval_s: float = 0.05) -> None:
+    def __init__(self, interval_s: float = 0.1) -> None:
         self.interval_s = interval_s
         self.available = _TASKS.is_dir()
         self._baseline: dict[int, int] = {}

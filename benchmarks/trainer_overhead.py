@@ -201,11 +201,24 @@ def timed_run(name: str, spec: RunSpec, threads: int) -> dict[str, float]:
     return {**rates, "wall_s": wall_s}
 
 
-def probe(precision: str, warmup_steps: int, threads: int) -> dict[str, float]:
+def uncontended_run(name: str, spec: RunSpec, threads: int, args: argparse.Namespace) -> dict[str, float]:
+    """:func:`timed_run`, rerun (up to ``args.max_reruns`` times) while other processes took cores."""
+    for attempt in range(args.max_reruns + 1):
+        run = timed_run(name, spec, threads)
+        if run["cpu_share"] >= args.min_cpu_share:
+            break
+        print(f"  {name}: CPU share {run['cpu_share']:.2f} < {args.min_cpu_share} ({run['samples_per_s']:.2f} "
+              f"samples/s): other processes took cores; {'rerun' if attempt < args.max_reruns else 'kept'}")
+        time.sleep(args.rerun_wait_s if attempt < args.max_reruns else 0.0)
+    return {**run, "reruns": attempt}
+
+
+def probe(precision: str, args: argparse.Namespace, threads: int) -> dict[str, float]:
     """Time a short hand-loop run: seconds per step and the fixed cost of a run."""
+    warmup_steps = args.warmup_steps
     probe_steps = max(3, warmup_steps)
     data = synthetic_images(BATCH_SIZE * (warmup_steps + probe_steps), IMAGE_SIZE_PX, NUM_CLASSES, SEED).train
-    run = timed_run("hand_loop", RunSpec(precision, data, warmup_steps, probe_steps), threads)
+    run = uncontended_run("hand_loop", RunSpec(precision, data, warmup_steps, probe_steps), threads, args)
     step_s = BATCH_SIZE / run["samples_per_s"]
     return {"step_s": step_s, "run_fixed_s": max(0.0, run["wall_s"] - (warmup_steps + probe_steps) * step_s)}
 
@@ -217,17 +230,6 @@ def plan_timed_steps(probes: dict[str, dict[str, float]], args: argparse.Namespa
     step_s = sum(p["step_s"] for p in probes.values())
     fixed_s = sum(p["run_fixed_s"] for p in probes.values())
     return max(args.warmup_steps, int((per_run_s - fixed_s) / step_s) - args.warmup_steps)
-
-
-def uncontended_run(name: str, spec: RunSpec, threads: int, args: argparse.Namespace) -> dict[str, float]:
-    """:func:`timed_run`, rerun (up to ``args.max_reruns`` times) while other processes took cores."""
-    for attempt in range(args.max_reruns + 1):
-        run = timed_run(name, spec, threads)
-        if run["cpu_share"] >= args.min_cpu_share:
-            break
-        print(f"  {name}: CPU share {run['cpu_share']:.2f} < {args.min_cpu_share} ({run['samples_per_s']:.2f} "
-              f"samples/s): other processes took cores; {'rerun' if attempt < args.max_reruns else 'kept'}")
-    return {**run, "reruns": attempt}
 
 
 def measure_precision(precision: str, args: argparse.Namespace, timed_steps: int, threads: int) -> dict[str, Any]:
@@ -270,6 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target-minutes", type=float, default=6.0, help="time the planned benchmark aims at")
     parser.add_argument("--min-cpu-share", type=float, default=0.9, help="rerun a run below this CPU share")
     parser.add_argument("--max-reruns", type=int, default=3, help="reruns of a contended run (0: none)")
+    parser.add_argument("--rerun-wait-s", type=float, default=10.0, help="pause before a rerun, for the load to pass")
     parser.add_argument("--output", type=Path, help="JSON path (default benchmarks/results/trainer_overhead.json)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 5)
@@ -287,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)  # once, the same for every contender
     precisions = ["fp32", "bf16"] if DeviceInfo.detect(torch.device("cpu")).cpu_native_bf16 else ["fp32"]
-    probes = {} if args.timed_steps else {p: probe(p, args.warmup_steps, threads) for p in precisions}
+    probes = {} if args.timed_steps else {p: probe(p, args, threads) for p in precisions}
     timed_steps = args.timed_steps or plan_timed_steps(probes, args, time.perf_counter() - started_s)
     print(f"precisions {precisions}, probe {json.dumps(probes)} -> {timed_steps} timed steps per run")
     load_start = os.getloadavg()[0]

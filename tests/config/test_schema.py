@@ -102,3 +102,8 @@ def test_dump_round_trips(tmp_path):
 def test_cross_field_error_names_both_fields():
     with pytest.raises(SkyliftConfigError, match=r"schedule.warmup_steps \(20\) exceeds schedule.max_steps \(5\)"):
         load_config(None, ["schedule.max_steps=5", "schedule.warmup_steps=20"])
+
+
+def test_yaml_off_means_off():
+    assert load_config(None, ["preemption.cloud=off"]).preemption.cloud == "off"
+    assert load_config(None, ["monitor.progress_bar=off"]).monitor.progress_bar is False

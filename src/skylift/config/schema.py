@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "AccumulationConfig",
@@ -262,6 +262,12 @@ class PreemptionConfig(_Section):
 
     poll_interval_s: float | None = Field(default=None, gt=0.0)
     """Seconds between metadata polls; ``null``: the cloud's recommended interval."""
+
+    @field_validator("cloud", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads an unquoted `off` as false.
+        return "off" if value is False else value
 
     grace_s: float | None = Field(default=None, gt=0.0)
     """Seconds the launcher gives workers to save after SIGTERM before killing them, and

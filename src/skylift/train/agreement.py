@@ -76,9 +76,9 @@ class StepAgreement:
 
     def exchange(self) -> Decision:
         """Call on every rank at every step boundary; returns the agreed decision."""
-        local = self._take_local()
         if not self._distributed:
-            return _decode(local)
+            return self._local_decision()
+        local = self._take_local()
         agreed = Decision()
         if self._pending is not None:
             work, values = self._pending
@@ -96,6 +96,13 @@ class StepAgreement:
         self._pending = None
         work.wait()
         return _decode(values)
+
+    def _local_decision(self) -> Decision:
+        # One process: no tensor, no collective, just the requests (the common fast path).
+        with self._lock:
+            decision = Decision(self._stop_code, self._deadline_s, self._save, self._noticed_at_s)
+            self._save = False
+        return decision
 
     def _take_local(self) -> torch.Tensor:
         with self._lock:

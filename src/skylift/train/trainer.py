@@ -244,7 +244,7 @@ class Trainer:
         assert loss_sum is not None
         state.step += 1
         state.samples_seen += state.global_batch_size
-        state.loss = loss_sum / runtime.accumulation_steps
+        state.loss = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
         state.grad_norm = runtime.last_grad_norm
         state.data_wait_s = data_wait_s
         state.step_time_s = time.perf_counter() - started

@@ -19,6 +19,7 @@ from skylift.checkpoint.manifest import (
     read_verified,
 )
 from skylift.checkpoint.state import capture
+from skylift.storage import open_store
 
 
 @pytest.fixture
@@ -123,3 +124,30 @@ def test_verified_read_names_file_and_both_hashes(store, model):
     assert "step-1/trainer.json" in message
     assert manifest.files["trainer.json"]["sha256"] in message
     assert "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a" in message  # sha256 of b"{}"
+
+
+def test_async_save_copies_in_the_background_but_before_the_next_optimizer_step(tmp_path):
+    from safetensors.torch import load
+
+    store = open_store(str(tmp_path / "root"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=2, async_save=True)
+
+    def hold_the_update(*_):
+        manager.wait_for_copies()
+
+    optimizer.register_step_pre_hook(hold_the_update)
+    expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    manager.save(lambda: capture(step=1, rank=0, model=model, optimizer=optimizer, scheduler=None, scaler=None,
+                                 counters={"step": 1, "epoch": 0, "samples_seen": 0}, defer=True), 1)
+    for _ in range(3):  # training goes on at once; each step's update waits for the copy
+        model(torch.randn(4, 64)).sum().backward()
+        optimizer.step()
+    manager.wait()
+    saved = load(store.read_bytes("step-1/model.safetensors"))
+    for name, tensor in expected.items():
+        assert torch.equal(saved[name], tensor)

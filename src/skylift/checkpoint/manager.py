@@ -91,6 +91,7 @@ class CheckpointManager:
         self._on_failure = on_commit_failure
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="skylift-checkpoint") if async_save else None
         self._in_flight: Future[SaveResult] | None = None
+        self._copying: Snapshot | None = None
         self._cancel = threading.Event()
         self.history: list[SaveResult] = []
 
@@ -124,10 +125,26 @@ class CheckpointManager:
         result.stall_s = time.perf_counter() - started
         self.history.append(result)
         if self._executor is None or blocking:
+            snapshot.complete_copies()
+            result.stall_s = time.perf_counter() - started
             self._write_and_commit(snapshot, result)
         else:
+            self._copying = snapshot
             self._in_flight = self._executor.submit(self._write_and_commit, snapshot, result)
         return result
+
+    def wait_for_copies(self) -> float:
+        """Block until the save in flight has copied the state it defers; return the
+        seconds waited (call before anything changes parameters or optimizer state)."""
+        snapshot = self._copying
+        if snapshot is None or snapshot.copied.is_set():
+            return 0.0
+        started = time.perf_counter()
+        snapshot.copied.wait()
+        waited = time.perf_counter() - started
+        if self.history:
+            self.history[-1].stall_s += waited
+        return waited
 
     def cancel_in_flight(self) -> None:
         """Abandon the save in flight at its next file boundary (it will not commit)."""
@@ -139,6 +156,7 @@ class CheckpointManager:
         if self._in_flight is not None:
             self._in_flight.result()
             self._in_flight = None
+            self._copying = None
 
     def close(self) -> None:
         self.wait()
@@ -151,6 +169,7 @@ class CheckpointManager:
         error = None
         folder = step_folder(snapshot.step)
         try:
+            snapshot.complete_copies()
             for name, make_chunks in snapshot.files():
                 self._raise_if_cancelled()
                 hashed, entry = hashing(make_chunks)

@@ -108,6 +108,10 @@ class Checkpointing:
     def resume(self, objects: TrainingObjects, state: TrainState) -> int | None:
         """Restore the checkpoint ``checkpoint.resume`` selects; return its step."""
         self.objects = objects
+        if self.config.async_save:
+            # A background save copies parameters and optimizer state while the next
+            # forward and backward run; only the optimizer step must wait for it.
+            objects.optimizer.register_step_pre_hook(self._before_optimizer_step)
         step, contents = self._select()
         step = self._broadcast(step)
         if step is None:
@@ -127,6 +131,9 @@ class Checkpointing:
         self._last_saved_step = step
         log.info("resumed from %s (step %d)", self.store.describe(f"step-{step}"), step)
         return step
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        self.manager.wait_for_copies()
 
     def finished_saves(self) -> list[dict[str, Any]]:
         """``checkpoint`` metrics records of the saves finished since the last call, in order."""
@@ -182,6 +189,7 @@ class Checkpointing:
                 scaler=objects.scaler,
                 counters=counters,
                 buffers=self._buffers,
+                defer=self.config.async_save and not blocking,
             ),
             state.step,
             blocking=blocking,

@@ -14,6 +14,7 @@ import functools
 import json
 import random
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,23 @@ class Snapshot:
     step: int
     tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deferred: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    """(host buffer, live tensor) copies still to make: parameters and optimizer state,
+    which only the next ``optimizer.step()`` changes (see :func:`capture`)."""
+    copied: threading.Event = field(default_factory=threading.Event)
+
+    def complete_copies(self) -> None:
+        """Make the deferred copies (off the training thread), then signal ``copied``."""
+        try:
+            from_cuda = False
+            for buffer, live in self.deferred:
+                buffer.copy_(live, non_blocking=live.is_cuda)
+                from_cuda = from_cuda or live.is_cuda
+            if from_cuda:
+                torch.cuda.synchronize()
+        finally:
+            self.deferred = []
+            self.copied.set()
 
     def files(self) -> Iterator[tuple[str, Callable[[], Iterator[bytes | memoryview]]]]:
         """(file name, chunk factory) per file, produced lazily, one file at a time.
@@ -78,12 +96,19 @@ def capture(
     scaler: torch.amp.GradScaler | None,
     counters: dict[str, Any],
     buffers: dict[str, torch.Tensor] | None = None,
+    defer: bool = False,
 ) -> Snapshot:
     """Copy this rank's share of the state (rank 0 also the replicated part).
 
     ``buffers`` (kept by the caller between saves) are host tensors reused for the
     copies: allocating fresh ones costs about 3x the copy itself. The caller must not
     capture again before the previous snapshot was written.
+
+    With ``defer``, parameters and optimizer state are only *listed*: the caller copies
+    them later with :meth:`Snapshot.complete_copies` and must hold the next
+    ``optimizer.step()`` until ``snapshot.copied`` is set. Forward and backward of the
+    next step overlap the copy; model buffers (BatchNorm statistics change in forward),
+    RNG, schedule and counters are copied now.
     """
     copier = _HostCopier(buffers if buffers is not None else {})
     snapshot = Snapshot(step)
@@ -91,11 +116,15 @@ def capture(
     snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
     if rank != 0:
         return snapshot
+    copier.defer = defer
+    parameters = {name for name, _ in model.named_parameters()}
     snapshot.tensors[MODEL_FILE] = {
-        name: copier.copy(f"model/{name}", value) for name, value in model.state_dict().items()
+        name: copier.copy(f"model/{name}", value, deferrable=name in parameters)
+        for name, value in model.state_dict().items()
     }
     optimizer_tensors, optimizer_document = _split_optimizer(optimizer.state_dict(), copier)
     copier.finish()
+    snapshot.deferred = copier.deferred
     snapshot.tensors[OPTIMIZER_TENSORS_FILE] = optimizer_tensors
     snapshot.documents[OPTIMIZER_FILE] = optimizer_document
     snapshot.documents[TRAINER_FILE] = {
@@ -162,9 +191,11 @@ class _HostCopier:
 
     def __init__(self, buffers: dict[str, torch.Tensor]) -> None:
         self.buffers = buffers
+        self.defer = False
+        self.deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._from_cuda = False
 
-    def copy(self, key: str, value: torch.Tensor) -> torch.Tensor:
+    def copy(self, key: str, value: torch.Tensor, *, deferrable: bool = True) -> torch.Tensor:
         # A copy, never a view: training goes on mutating the live tensors while the
         # snapshot is written in the background.
         value = value.detach()
@@ -173,6 +204,9 @@ class _HostCopier:
             pinned = value.is_cuda and torch.cuda.is_available()
             buffer = torch.empty(value.shape, dtype=value.dtype, pin_memory=pinned)
             self.buffers[key] = buffer
+        if self.defer and deferrable:
+            self.deferred.append((buffer, value))
+            return buffer
         buffer.copy_(value, non_blocking=value.is_cuda)
         self._from_cuda = self._from_cuda or value.is_cuda
         return buffer

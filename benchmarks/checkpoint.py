@@ -74,18 +74,22 @@ def sync_sample(manager: CheckpointManager, workload: Workload, steps_between: i
 
 
 def async_sample(manager: CheckpointManager, workload: Workload, steps_between: int) -> dict[str, Any]:
-    """One background save: the stall until ``save`` returns; steps overlap the write."""
+    """One background save as the Trainer does it. The training-visible stall is the time
+    ``save`` takes to return plus the time the next optimizer step waits for the deferred
+    copy (``result.stall_s`` holds both); steps overlap the write."""
     step = workload.step
+    workload.hold = manager.wait_for_copies
     with ThreadCpu() as threads:
         start = clock()
-        result = manager.save(workload.capture_for(step), step)
+        result = manager.save(workload.capture_for(step, defer=True), step)
         stall = seconds_between(start, clock())
         overlapped_step_s = workload.train(steps_between)
         manager.wait()
         window = seconds_between(start, clock())
+    workload.hold = None
     committed(result)
     return {
-        "step": step, "async_stall_s": stall["wall_s"], "capture_s": result.stall_s,
+        "step": step, "async_stall_s": result.stall_s, "save_return_s": stall["wall_s"], "capture_s": result.stall_s,
         "write_commit_s": result.write_s, "stall_cpu_per_wall": stall["cpu_per_wall"],
         "save_to_wait_s": window["wall_s"], "cpu_s": window["cpu_s"], "cpu_per_wall": window["cpu_per_wall"],
         "thread_cpu_s": threads.by_group_s(), "train_step_s": overlapped_step_s,

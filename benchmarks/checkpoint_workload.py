@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -31,6 +31,10 @@ class Workload:
     inputs: torch.Tensor
     targets: torch.Tensor
     step: int = 0
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Host buffers reused between saves, as the Trainer keeps them."""
+    hold: Callable[[], float] | None = None
+    """Called before each optimizer step: waits for a background save's deferred copy."""
 
     @property
     def parameters(self) -> int:
@@ -50,13 +54,21 @@ class Workload:
             step_s.append(time.perf_counter() - started_s)
         return step_s
 
-    def capture_for(self, step: int) -> Callable[[], Snapshot]:
-        """What ``CheckpointManager.save`` is given: skylift's capture of this state."""
+    def capture_for(self, step: int, defer: bool = False) -> Callable[[], Snapshot]:
+        """What ``CheckpointManager.save`` is given: skylift's capture of this state.
+
+        ``defer`` is what the Trainer does for background saves: parameters and optimizer
+        state are copied by the writer thread while the next forward/backward runs.
+        """
         counters = {"step": step, "epoch": 0, "samples_seen": step * BATCH_SIZE}
         return lambda: capture(
             step=step, rank=0, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            scaler=None, counters=counters,
+            scaler=None, counters=counters, buffers=self.buffers, defer=defer,
         )  # fmt: skip
+
+    def before_optimizer_step(self, *_: object) -> None:
+        if self.hold is not None:
+            self.hold()
 
 
 def build_workload(width: int, depth: int) -> Workload:
@@ -69,5 +81,6 @@ def build_workload(width: int, depth: int) -> Workload:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS))
     workload = Workload(model, optimizer, scheduler, torch.randn(BATCH_SIZE, width), torch.randn(BATCH_SIZE, width))
+    optimizer.register_step_pre_hook(workload.before_optimizer_step)
     workload.train(1)
     return workload

@@ -32,13 +32,18 @@ def window_rates(start: Stamp, end: Stamp, samples: int, threads: int) -> dict[s
 
 def summarize(runs: dict[str, list[dict[str, float]]], reference: str) -> dict[str, dict[str, Any]]:
     """Median samples/s per contender, its ratio to ``reference``'s, and every run's values."""
-    reference_samples_per_s = statistics.median(run["samples_per_s"] for run in runs[reference])
+    reference_runs = [run["samples_per_s"] for run in runs[reference]]
+    reference_samples_per_s = statistics.median(reference_runs)
     summary = {}
     for name, name_runs in runs.items():
         samples_per_s = [run["samples_per_s"] for run in name_runs]
+        # Paired: each repeat's ratio to the reference timed in the same rotation, which
+        # cancels the machine's slow drift that the ratio of medians keeps.
+        paired = [mine / theirs for mine, theirs in zip(samples_per_s, reference_runs, strict=True)]
         summary[name] = {
             "samples_per_s": round(statistics.median(samples_per_s), 3),
             f"ratio_to_{reference}": round(statistics.median(samples_per_s) / reference_samples_per_s, 4),
+            f"paired_ratio_to_{reference}": round(statistics.median(paired), 4),
             "all_samples_per_s": [round(value, 3) for value in samples_per_s],
             "all_cpu_share": [round(run["cpu_share"], 3) for run in name_runs],
         }
@@ -51,13 +56,17 @@ def print_table(title: str, results: dict[str, dict[str, dict[str, Any]]], refer
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("precision", "contender", "median samples/s", f"ratio to {reference}", "min..max", "min CPU share"):
+    columns = ("precision", "contender", "median samples/s", f"ratio to {reference}", "paired ratio", "min..max",
+               "min CPU share")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("precision", "contender") else "right")
     for precision, by_name in results.items():
         for name, row in by_name.items():
             low, high = min(row["all_samples_per_s"]), max(row["all_samples_per_s"])
             ratio = f"{row[f'ratio_to_{reference}']:.3f}"
-            cells = (f"{row['samples_per_s']:.2f}", ratio, f"{low:.2f}..{high:.2f}", f"{min(row['all_cpu_share']):.2f}")
+            paired = f"{row[f'paired_ratio_to_{reference}']:.3f}"
+            cells = (f"{row['samples_per_s']:.2f}", ratio, paired, f"{low:.2f}..{high:.2f}",
+                     f"{min(row['all_cpu_share']):.2f}")
             table.add_row(precision, name, *cells)
     Console(width=120).print(table)
 

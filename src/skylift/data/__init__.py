@@ -1,5 +1,6 @@
 """Data: datasets, rank-aware samplers and loaders."""
 
 from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
+from skylift.data.token_budget import TokenBudgetBatchSampler
 
-__all__ = ["GlobalBatchSampler", "ShardedEvalSampler"]
+__all__ = ["GlobalBatchSampler", "ShardedEvalSampler", "TokenBudgetBatchSampler"]

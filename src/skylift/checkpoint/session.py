@@ -176,9 +176,10 @@ class Checkpointing:
             return None
         objects = self.objects
         assert objects is not None, "resume() attaches the training objects first"
-        counters = {"step": state.step, "epoch": state.epoch, "samples_seen": state.samples_seen}
-        if state.steps_per_epoch and state.step % state.steps_per_epoch == 0:
-            counters["epoch"] = state.step // state.steps_per_epoch
+        # The epoch a resume starts in, derived from the step (at an epoch boundary that
+        # is the next epoch, not the one whose last step this was).
+        epoch = state.step // state.steps_per_epoch if state.steps_per_epoch else state.epoch
+        counters = {"step": state.step, "epoch": epoch, "samples_seen": state.samples_seen}
         result = self.manager.save(
             lambda: capture(
                 step=state.step,

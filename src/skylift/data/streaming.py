@@ -142,7 +142,7 @@ class StreamingDataset(IterableDataset):
         worker = get_worker_info()
         worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
         mine = self.micro_batches()[worker_id::num_workers]
-        reader = _ShardReader(self, ShardCache(self.store, self.cache_dir, limit_bytes=self.cache_limit_bytes))
+        reader = _ShardReader(self, ShardCache(self.store, self.cache_dir, limit_bytes=self.cache_limit_bytes), mine)
         try:
             for batch in mine:
                 yield self.collate([self.decode(reader.sample(sample_id)) for sample_id in batch])
@@ -165,10 +165,10 @@ class StreamingDataset(IterableDataset):
 class _ShardReader:
     """Parsed shards held in memory for the current shuffle block, plus the prefetcher."""
 
-    def __init__(self, dataset: StreamingDataset, cache: ShardCache) -> None:
+    def __init__(self, dataset: StreamingDataset, cache: ShardCache, batches: list[list[int]]) -> None:
         self.dataset, self.cache = dataset, cache
         self._parsed: OrderedDict[int, list[dict[str, bytes]]] = OrderedDict()
-        self._upcoming = self._shard_sequence(dataset)
+        self._upcoming = self._shard_sequence(dataset, batches)
         self._first_need = {shard: index for index, shard in reversed(list(enumerate(self._upcoming)))}
         self._position = 0
         self._lock = threading.Lock()
@@ -218,12 +218,10 @@ class _ShardReader:
         return self.dataset.index.shards[shard_number]
 
     @staticmethod
-    def _shard_sequence(dataset: StreamingDataset) -> list[int]:
-        """Shards in the order this worker first needs them."""
-        worker = get_worker_info()
-        worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
+    def _shard_sequence(dataset: StreamingDataset, batches: list[list[int]]) -> list[int]:
+        """Shards in the order this worker's ``batches`` first need them."""
         sequence: list[int] = []
-        for batch in dataset.micro_batches()[worker_id::num_workers]:
+        for batch in batches:
             for sample_id in batch:
                 shard_number = dataset.locate(sample_id)[0]
                 if not sequence or sequence[-1] != shard_number:

@@ -91,6 +91,8 @@ class Checkpointing:
         self._recorded = 0
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
+        self.stall_between_steps_s = 0.0
+        self.stall_in_optimizer_s = 0.0
 
     def open(self) -> None:
         """Take the run lease (rank 0; every rank learns the outcome) and clean up."""
@@ -133,7 +135,13 @@ class Checkpointing:
         return step
 
     def _before_optimizer_step(self, *_: Any) -> None:
+        started = time.perf_counter()
         self.manager.wait_for_copies()
+        self.stall_in_optimizer_s += time.perf_counter() - started
+
+    def stall_s(self) -> tuple[float, float]:
+        """Seconds the training thread spent saving, so far: (between steps, in optimizer steps)."""
+        return self.stall_between_steps_s, self.stall_in_optimizer_s
 
     def finished_saves(self) -> list[dict[str, Any]]:
         """``checkpoint`` metrics records of the saves finished since the last call, in order."""
@@ -174,6 +182,13 @@ class Checkpointing:
         if self.config.when_busy == "skip" and self._any_rank_busy():
             log.warning("checkpoint at step %d skipped: the previous save is still being written", state.step)
             return None
+        started = time.perf_counter()
+        try:
+            return self._save(state, blocking)
+        finally:
+            self.stall_between_steps_s += time.perf_counter() - started
+
+    def _save(self, state: TrainState, blocking: bool) -> SaveResult | None:
         objects = self.objects
         assert objects is not None, "resume() attaches the training objects first"
         # The epoch a resume starts in, derived from the step (at an epoch boundary that

@@ -17,6 +17,8 @@ COMMANDS = {
     "launch": ("launch", "Run any unmodified torchrun-style script on --nproc workers."),
     "check": ("check", "Validate a config and print it fully resolved (nothing is started)."),
     "shard": ("shard", "Write a dataset as tar shards + index to a folder or object store, for streaming."),
+    "report": ("report", "Write a run folder's HTML dashboard and PNGs (RUN_DIR/report/index.html)."),
+    "monitor": ("monitor", "Watch a run live in the terminal, from its metrics.jsonl (any node)."),
 }
 
 

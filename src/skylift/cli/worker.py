@@ -32,10 +32,11 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
         print(f"skylift run: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if trainer.runtime.dist.is_main:
+        report = _write_report(config)
         if as_json:
-            print(json.dumps(summary.as_dict(), indent=2))
+            print(json.dumps({**summary.as_dict(), **_report_fields(report)}, indent=2))
         else:
-            print_summary(summary)
+            print_summary(summary, report)
     if summary.stopped_early is None:
         return 0
     from skylift.train.agreement import StopReason
@@ -47,7 +48,28 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
     return EXIT_FAILURE
 
 
-def print_summary(summary) -> None:  # noqa: ANN001 - RunSummary
+def _write_report(config):  # noqa: ANN001, ANN202 - RunConfig -> Report | None
+    """The HTML report of the run folder (``monitor.report``); a failure is a warning, not a lost run."""
+    if not config.monitor.report:
+        return None
+    import logging
+
+    from skylift.monitor.report import write_report
+
+    try:
+        return write_report(config.run_dir)
+    except Exception:  # noqa: BLE001 - the run itself succeeded; say why the report did not
+        logging.getLogger("skylift").warning("could not write the report", exc_info=True)
+        return None
+
+
+def _report_fields(report) -> dict:  # noqa: ANN001 - Report | None
+    if report is None:
+        return {}
+    return {"report": str(report.html_path), "diagnosis": report.diagnosis}
+
+
+def print_summary(summary, report=None) -> None:  # noqa: ANN001 - RunSummary, Report
     from rich.console import Console
     from rich.table import Table
 
@@ -67,9 +89,20 @@ def print_summary(summary) -> None:  # noqa: ANN001 - RunSummary
     if summary.replicas_agree is not None:
         table.add_row("replicas agree", f"{summary.replicas_agree} (max diff {summary.replica_max_abs_diff:.3g})")
     table.add_row("run folder", summary.run_dir)
+    if report is not None:
+        from skylift.monitor.report import diagnosis_lines
+
+        from rich.markup import escape
+
+        for index, line in enumerate(diagnosis_lines(report.diagnosis, report.diagnosis_note)):
+            table.add_row("diagnosis" if index == 0 else "", escape(line))  # "[warn]" is text, not markup
+        table.add_row("report", str(report.html_path))
     console = Console()
     console.print(table)
-    console.print(f"Next: tensorboard --logdir {summary.run_dir}/tensorboard")
+    if report is not None:
+        console.print(f"Next: open {report.html_path}  (live view of a running job: skylift monitor {summary.run_dir})")
+    else:
+        console.print(f"Next: tensorboard --logdir {summary.run_dir}/tensorboard")
 
 
 def main(argv: list[str] | None = None) -> int:

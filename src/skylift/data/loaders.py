@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from skylift.config.schema import RunConfig
@@ -13,7 +14,7 @@ from skylift.data.datasets import DatasetSplit
 from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
 from skylift.train.distributed import DistributedContext
 
-__all__ = ["Loaders", "build_loaders"]
+__all__ = ["Loaders", "build_loaders", "epoch_records", "samples_in_step"]
 
 
 @dataclass
@@ -30,7 +31,31 @@ def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *
     if config.data.url:
         return _streamed(config, recipe, context, pin_memory)
     data = recipe.build_datasets()
-    order = GlobalBatchSampler(
+    order = _training_order(config, data, context)
+    collate = getattr(recipe, "collate", lambda train: None)  # None: PyTorch's default collate
+    train = _loader(data.train, config, pin_memory, batch_sampler=order, collate_fn=collate(True))
+    val = None
+    if data.val is not None:
+        shards = ShardedEvalSampler(len(data.val), config.data.eval_batch_size, rank=context.rank,
+                                    world_size=context.world_size)
+        val = _loader(data.val, config, pin_memory, batch_sampler=shards, collate_fn=collate(False))
+    return Loaders(data, order, train, val)
+
+
+def _training_order(config: RunConfig, data: DatasetSplit, context: DistributedContext) -> Any:
+    if config.data.batching == "token_budget":
+        from skylift.data.token_steps import TokenBudgetSteps
+        from skylift.errors import SkyliftConfigError
+
+        lengths = getattr(data.train, "lengths", None)
+        if lengths is None:
+            raise SkyliftConfigError("data.batching: token_budget needs a dataset with sequence lengths (text)")
+        try:
+            return TokenBudgetSteps(lengths, config.data.max_tokens, config.accumulation.steps, rank=context.rank,
+                                    world_size=context.world_size, seed=config.seed, epochs=config.schedule.epochs)
+        except ValueError as error:
+            raise SkyliftConfigError(str(error)) from None
+    return GlobalBatchSampler(
         len(data.train),
         config.data.global_batch_size,
         config.accumulation.steps,
@@ -38,13 +63,20 @@ def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *
         world_size=context.world_size,
         seed=config.seed,
     )
-    train = _loader(data.train, config, pin_memory, batch_sampler=order)
-    val = None
-    if data.val is not None:
-        shards = ShardedEvalSampler(len(data.val), config.data.eval_batch_size, rank=context.rank,
-                                    world_size=context.world_size)
-        val = _loader(data.val, config, pin_memory, batch_sampler=shards)
-    return Loaders(data, order, train, val)
+
+
+def samples_in_step(order: Any, step: int, global_batch_size: int) -> int:
+    """Samples optimizer step ``step`` (0-based) took on all ranks: ``global_batch_size``
+    unless the order batches by tokens; computed from the order's plan, no collective."""
+    counter = getattr(order, "samples_in_step", None)
+    return counter(step) if counter is not None else global_batch_size
+
+
+def epoch_records(order: Any, epoch: int, step: int) -> list[dict[str, Any]]:
+    """The ``epoch`` metrics record (padding share and token counts) of an order that
+    batches by tokens; none for fixed batches."""
+    describe = getattr(order, "epoch_record", None)
+    return [{"kind": "epoch", "epoch": epoch, "step": step, **describe()}] if describe is not None else []
 
 
 def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_memory: bool) -> Loaders:
@@ -91,5 +123,9 @@ def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | No
         # A streamed dataset's epoch is set in the main process before each iteration;
         # persistent workers would keep the previous epoch's copy.
         persistent_workers=num_workers > 0 and not config.data.url,
+        # Each new iterator draws a worker seed from this generator. From the global one,
+        # the draw would shift the model's dropout stream whenever a resume starts an
+        # iterator mid-epoch that the uninterrupted run started at the epoch's start.
+        generator=torch.Generator().manual_seed(config.seed),
         **batching,
     )

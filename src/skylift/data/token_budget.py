@@ -105,13 +105,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state["seed"])
+        self._cache = None  # planned with the previous seed
         self.set_epoch(int(state["epoch"]), int(state["start_batch"]))
 
     def _fill(self, indices: list[int]) -> list[list[int]]:
         """Greedy packing of length-sorted (longest first) indices."""
         batches, current, longest = [], [], 0
-        for index in indices:
-            length = int(self.lengths[index])
+        # One gather to Python ints: indexing the tensor per sample costs ~40x more.
+        for index, length in zip(indices, self.lengths[indices].tolist(), strict=True):
             if current and (len(current) + 1) * max(longest, length) > self.max_tokens:
                 batches.append(current)
                 current, longest = [], 0

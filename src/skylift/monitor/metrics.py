@@ -10,18 +10,23 @@ Records (one JSON object a line)::
 ``loss`` is the mean over the whole global batch (all ranks, all micro-steps).
 ``samples_per_s`` is the throughput over the logging interval the record belongs to,
 measured after the device finished the interval's work, so it is honest on GPUs
-where a single step's host time is not.
+where a single step's host time is not; ``mfu`` is over the same interval. Sampled
+steps carry ``breakdown_s`` (rank 0's phases) and ``breakdown_by_rank_s`` (every
+rank's, gathered with the losses). The full schema: :mod:`skylift.monitor.schema`.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from skylift.monitor.schema import BREAKDOWN_PHASES
 from skylift.run_dir import RunDirectory
 from skylift.train.events import Callback, TrainState
 
@@ -35,23 +40,52 @@ class MetricsLogger(Callback):
     per interval); only the writer rank opens files.
     """
 
-    def __init__(self, run_dir: RunDirectory, *, log_every_steps: int, tensorboard: bool, is_writer: bool) -> None:
+    def __init__(self, run_dir: RunDirectory, *, log_every_steps: int, tensorboard: bool, is_writer: bool,
+                 num_nodes: int = 1) -> None:
         self.run_dir = run_dir
         self.log_every_steps = log_every_steps
         self.is_writer = is_writer
         self.use_tensorboard = tensorboard and is_writer
+        self.num_nodes = num_nodes
         self.last_logged: dict[str, Any] = {}
+        self.after_flush: list[Callable[[TrainState, float | None], None]] = []
+        """Called after each flush with the state and the interval's seconds per step."""
         self._pending: list[dict[str, Any]] = []
         self._pending_tensors: list[torch.Tensor] = []
+        self._pending_breakdowns: list[torch.Tensor] = []
         self._interval_started = time.perf_counter()
         self._file: Any = None
         self._tensorboard: Any = None
+        self._lock = threading.Lock()  # the system sampler writes from its own thread
+        self._remote: list[dict[str, Any]] = []
+        self._flops_per_sample: float | None = None
+        self._peak_flops_per_s: float | None = None
+        self._world_size = 1
+        self._samples_at_interval_start = 0
+
+    def set_flops(self, flops_per_sample: float, peak_flops_per_s: float, world_size: int = 1) -> None:
+        """Turn on MFU: model FLOPs per training sample (forward + backward), one device's peak.
+
+        Per sample rather than per step, so batches of varying size (token budgets)
+        are counted by what they hold.
+        """
+        self._flops_per_sample = flops_per_sample
+        self._peak_flops_per_s = peak_flops_per_s
+        self._world_size = world_size
+
+    def queue_remote(self, record: dict[str, Any]) -> None:
+        """Hold a record of another node (its system samples) until the next gather."""
+        with self._lock:
+            self._remote.append(record)
 
     def on_fit_start(self, state: TrainState) -> None:
         self._interval_started = time.perf_counter()
+        self._samples_at_interval_start = state.samples_seen  # after a resume: the checkpoint's count
         if not self.is_writer:
             return
         self._file = self.run_dir.metrics_path.open("a", buffering=1)
+        if _ends_torn(self.run_dir.metrics_path):
+            self._file.write("\n")  # a killed attempt left half a line: keep ours whole
         if self.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -61,24 +95,28 @@ class MetricsLogger(Callback):
         assert state.loss is not None
         norm = state.grad_norm if state.grad_norm is not None else torch.zeros((), device=state.loss.device)
         self._pending_tensors.append(torch.stack([state.loss.float(), norm.float()]))
-        self._pending.append(
-            {
-                "kind": "train",
-                "step": state.step,
-                "epoch": state.epoch,
-                "lr": state.lr,
-                "step_time_s": round(state.step_time_s, 6),
-                "data_wait_s": round(state.data_wait_s, 6),
-                "samples_seen": state.samples_seen,
-            }
-        )
+        record = {
+            "kind": "train",
+            "step": state.step,
+            "epoch": state.epoch,
+            "lr": state.lr,
+            "step_time_s": round(state.step_time_s, 6),
+            "data_wait_s": round(state.data_wait_s, 6),
+            "samples_seen": state.samples_seen,
+        }
+        breakdown = state.extra.get("breakdown_s")
+        if breakdown is not None:
+            record["breakdown_s"] = breakdown
+            values = [breakdown[phase] for phase in BREAKDOWN_PHASES]
+            self._pending_breakdowns.append(torch.tensor(values, dtype=torch.float64))
+        self._pending.append(record)
         if state.step % self.log_every_steps == 0 or state.step >= state.total_steps:
             self.flush(state)
 
     def on_eval_end(self, state: TrainState) -> None:
         self.flush(state)
-        record = {"kind": "eval", "step": state.step, "epoch": state.epoch, **state.eval_metrics}
-        self._write(record)
+        record = {"kind": "eval", "step": state.step, "epoch": state.epoch, **state.eval_metrics, "time": time.time()}
+        self.write_event(record)
         for name, value in state.eval_metrics.items():
             self._scalar(f"eval/{name}", value, state.step)
 
@@ -86,14 +124,17 @@ class MetricsLogger(Callback):
         self.flush(state)
         if self._tensorboard is not None:
             self._tensorboard.close()
-        if self._file is not None:
-            self._file.close()
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def write_event(self, record: dict[str, Any]) -> None:
-        """Write a record of another kind (``checkpoint``, ``preemption``) at once."""
-        self._write(record)
-        if self._file is not None:
-            self._file.flush()
+        """Write a record of another kind (``checkpoint``, ``system``, ...) at once."""
+        with self._lock:
+            self._write(record)
+            if self._file is not None:
+                self._file.flush()
 
     def flush(self, state: TrainState) -> None:
         """Materialise buffered losses (one device sync, one all-reduce) and write them."""
@@ -104,19 +145,68 @@ class MetricsLogger(Callback):
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
             values /= dist.get_world_size()
         rows = values.tolist()
+        by_rank = self._gather_breakdowns()
+        remote = self._gather_remote()
         elapsed = time.perf_counter() - self._interval_started
-        samples_per_s = len(rows) * state.global_batch_size / elapsed if elapsed > 0 else 0.0
-        for record, (loss, grad_norm) in zip(self._pending, rows, strict=True):
-            record.update(loss=loss, samples_per_s=round(samples_per_s, 2), time=time.time())
-            if state.grad_norm is not None:
-                record["grad_norm"] = grad_norm
-            self._write(record)
-            self._scalar("train/loss", loss, record["step"])
-            self._scalar("train/lr", record["lr"], record["step"])
+        # The samples the interval really took (token-budget steps vary in size).
+        samples = state.samples_seen - self._samples_at_interval_start
+        samples_per_s = samples / elapsed if elapsed > 0 else 0.0
+        mfu = self._mfu(samples, elapsed)
+        flops_per_step = self._flops_per_sample * samples / (len(rows) * self._world_size) if mfu else None
+        with self._lock:
+            for record, (loss, grad_norm) in zip(self._pending, rows, strict=True):
+                record.update(loss=loss, samples_per_s=round(samples_per_s, 2), time=time.time())
+                if state.grad_norm is not None:
+                    record["grad_norm"] = grad_norm
+                if mfu is not None:
+                    record.update(mfu=round(mfu, 5), flops_per_step=flops_per_step)
+                if "breakdown_s" in record and by_rank:
+                    record["breakdown_by_rank_s"] = by_rank.pop(0)
+                self._write(record)
+                self._scalar("train/loss", loss, record["step"])
+                self._scalar("train/lr", record["lr"], record["step"])
+            for record in remote:
+                self._write(record)
         self._scalar("train/samples_per_s", samples_per_s, state.step)
+        if mfu is not None:
+            self._scalar("train/mfu", mfu, state.step)
         self.last_logged = self._pending[-1]
         self._pending, self._pending_tensors = [], []
         self._interval_started = time.perf_counter()
+        self._samples_at_interval_start = state.samples_seen
+        for hook in self.after_flush:
+            hook(state, elapsed / len(rows) if rows else None)
+
+    def _mfu(self, samples: int, elapsed_s: float) -> float | None:
+        if self._flops_per_sample is None or not self._peak_flops_per_s or elapsed_s <= 0:
+            return None
+        return self._flops_per_sample * samples / (elapsed_s * self._peak_flops_per_s * self._world_size)
+
+    def _gather_breakdowns(self) -> list[list[dict[str, float]]]:
+        """Every rank's breakdowns of the pending sampled steps: one list (by rank) per step."""
+        pending, self._pending_breakdowns = self._pending_breakdowns, []
+        if not pending:
+            return []
+        local = torch.stack(pending)
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return []  # one rank: breakdown_s already says it all
+        device = self._pending_tensors[0].device if self._pending_tensors else local.device
+        local = local.to(device)
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, local)
+        per_rank = torch.stack(gathered, dim=1).cpu().tolist()  # [step][rank][phase]
+        return [[{phase: round(v, 6) for phase, v in zip(BREAKDOWN_PHASES, rank, strict=True)} for rank in step]
+                for step in per_rank]
+
+    def _gather_remote(self) -> list[dict[str, Any]]:
+        """Other nodes' queued records, brought to rank 0 (every rank calls this)."""
+        if self.num_nodes <= 1 or not (dist.is_available() and dist.is_initialized()):
+            return []
+        with self._lock:
+            mine, self._remote = self._remote, []
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        return [record for records in gathered if records for record in records] if self.is_writer else []
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
@@ -125,3 +215,13 @@ class MetricsLogger(Callback):
     def _scalar(self, tag: str, value: float, step: int) -> None:
         if self._tensorboard is not None:
             self._tensorboard.add_scalar(tag, value, step)
+
+
+def _ends_torn(path: Any) -> bool:
+    """Whether the file's last byte is not a newline (a writer was killed mid-line)."""
+    with open(path, "rb") as existing:
+        existing.seek(0, 2)
+        if existing.tell() == 0:
+            return False
+        existing.seek(-1, 2)
+        return existing.read(1) != b"\n"

@@ -16,6 +16,7 @@ __all__ = ["RECIPES", "build_recipe"]
 
 RECIPES: dict[str, str] = {
     "image_classification": "skylift.recipes.image_classification:ImageClassification",
+    "text_classification": "skylift.recipes.text_classification:TextClassification",
 }
 
 

@@ -38,6 +38,11 @@ class Recipe:
         count = max(sums.get("count", 0.0), 1.0)
         return {key.removesuffix("_sum"): value / count for key, value in sums.items() if key != "count"}
 
+    def collate(self, train: bool) -> Any:
+        """How the loader joins samples into a batch (``train``: the training loader);
+        ``None``: PyTorch's default, which stacks equal-shaped tensors."""
+        return None
+
     def decoder(self, fields: list[str]) -> Any:
         """How to turn a streamed sample (field -> bytes) into what ``training_loss`` takes."""
         raise NotImplementedError(f"{type(self).__name__} cannot read sharded datasets")

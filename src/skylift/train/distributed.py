@@ -37,6 +37,19 @@ class DistributedContext:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def local_world_size(self) -> int:
+        """Processes on this node (torchrun's ``LOCAL_WORLD_SIZE``)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+
+    @property
+    def num_nodes(self) -> int:
+        return max(self.world_size // max(self.local_world_size, 1), 1)
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // max(self.local_world_size, 1)
+
 
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

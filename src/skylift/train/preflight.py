@@ -19,8 +19,10 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
     Raises:
         SkyliftConfigError: naming each field to change.
     """
+    # Token-budget steps hold varying sample counts: global_batch_size plays no part.
+    token_budget = config.data.batching == "token_budget"
     try:
-        micro_batch = config.micro_batch_size(world_size)
+        micro_batch = None if token_budget else config.micro_batch_size(world_size)
     except ValueError as error:
         raise SkyliftConfigError(str(error)) from None
     device = _local_device(config.device)
@@ -31,8 +33,10 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         "precision": policy.name,
         "precision_reason": policy.reason,
         "grad_scaler": policy.use_grad_scaler,
-        "global_batch_size": config.data.global_batch_size,
+        "batching": config.data.batching,
+        "global_batch_size": None if token_budget else config.data.global_batch_size,
         "micro_batch_size_per_rank": micro_batch,
+        "max_tokens_per_micro_batch": config.data.max_tokens if token_budget else None,
         "accumulation_steps": config.accumulation.steps,
         "epochs": config.schedule.epochs,
         "max_steps": config.schedule.max_steps,

@@ -24,9 +24,11 @@ from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
-from skylift.data.loaders import build_loaders
+from skylift.data.loaders import build_loaders, epoch_records, samples_in_step
+from skylift.monitor.breakdown import StepClock
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
+from skylift.monitor.watch import RunMonitor
 from skylift.recipes import build_recipe
 from skylift.recipes.base import Recipe
 from skylift.run_dir import RunDirectory
@@ -111,8 +113,12 @@ class Trainer:
             log_every_steps=config.monitor.log_every_steps,
             tensorboard=config.monitor.tensorboard,
             is_writer=self.runtime.dist.is_main,
+            num_nodes=self.runtime.dist.num_nodes,
         )
         self.events.add(self.metrics)
+        self.monitor = RunMonitor(config, self.runtime.dist, self.metrics, device=self.runtime.device,
+                                  precision=self.runtime.precision.name)
+        self.events.add(self.monitor)
         if self.runtime.dist.is_main and _progress_wanted(config.monitor.progress_bar):
             self.events.add(ProgressBar(self.metrics))
         for callback in callbacks:
@@ -134,6 +140,13 @@ class Trainer:
                 agreement=self.agreement,
                 control_group=control_group,
             )
+        self.clock = StepClock(
+            config.monitor.breakdown_every_steps,
+            self.runtime.device,
+            checkpoint_stall_s=self.checkpointing.stall_s if self.checkpointing is not None else lambda: (0.0, 0.0),
+            ddp_module=lambda: self.runtime._ddp,
+            micro_steps=config.accumulation.steps,
+        )
 
     def fit(self) -> RunSummary:
         """Build the parts, resume, run every epoch, evaluate, save, and report."""
@@ -144,6 +157,7 @@ class Trainer:
             return self._fit()
         finally:
             self.preemption.stop()
+            self.monitor.close()
             if self.checkpointing is not None:
                 self.checkpointing.close()
 
@@ -155,6 +169,7 @@ class Trainer:
             global_batch_size=self.config.data.global_batch_size,
         )
         resumed_from = self._resume(parts, state)
+        self.monitor.resumed_from_step = resumed_from
         self._prepare_run_dir()
         policy = self.runtime.precision
         log.info("precision %s (%s)", policy.name, policy.reason)
@@ -170,6 +185,7 @@ class Trainer:
         self.events.fire(Event.CHECKPOINT, state)
         self._save_final_model(parts.model)
         summary = self._summarize(parts, state, train_time_s, resumed_from)
+        self.monitor.finish(state, train_time_s, summary.samples_per_s)
         self.events.fire(Event.FIT_END, state)
         if self.runtime.dist.is_main:
             self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
@@ -189,17 +205,42 @@ class Trainer:
         return self.checkpointing.resume(objects, state)
 
     def _build(self) -> _Parts:
-        config, runtime = self.config, self.runtime
-        loaders = build_loaders(
-            config, self.recipe, runtime.dist, pin_memory=config.data.pin_memory and runtime.device.type == "cuda"
-        )
+        runtime = self.runtime
+        pin_memory = self.config.data.pin_memory and runtime.device.type == "cuda"
+        if self.config.data.num_workers == "auto":
+            self.config = self._tune_loader(pin_memory)
+        config = self.config
+        loaders = build_loaders(config, self.recipe, runtime.dist, pin_memory=pin_memory)
         model = self.recipe.build_model(loaders.data)
         optimizer = build_optimizer(model, config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
-        train_loader = runtime.prepare_dataloader(loaders.train)
+        # The raw loader: the step moves batches itself, to time the copy apart from the wait.
+        train_loader = runtime.prepare_dataloader(loaders.train).loader
         val_loader = runtime.prepare_dataloader(loaders.val) if loaders.val is not None else None
         return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, train_loader, val_loader)
+
+    def _tune_loader(self, pin_memory: bool) -> RunConfig:
+        """Pick ``data.num_workers`` by measurement; every rank takes rank 0's pick."""
+        from skylift.data.autotune import sweep_num_workers
+
+        def batches(workers: int) -> Any:
+            trial = self.config.model_copy(deep=True)
+            trial.data.num_workers = workers
+            loaders = build_loaders(trial, self.recipe, self.runtime.dist, pin_memory=pin_memory)
+            loaders.order.set_epoch(0, start_step=0)
+            return loaders.train
+
+        sweep = sweep_num_workers(batches, self.recipe.batch_size, budget_s=self.config.data.autotune_s_per_setting)
+        choice = [sweep.chosen]
+        if self.runtime.dist.is_distributed:
+            dist.broadcast_object_list(choice, src=0)
+        self.monitor.loader_sweep = {**sweep.as_record(), "chosen": choice[0]}
+        log.info("data.num_workers: auto -> %d (%s samples/s by setting)", choice[0],
+                 ", ".join(f"{n}: {rate:.0f}" for n, rate in sweep.results.items()))
+        tuned = self.config.model_copy(deep=True)
+        tuned.data.num_workers = choice[0]
+        return tuned
 
     def _total_steps(self, sampler: Any) -> int:
         planned = sampler.steps_per_epoch * self.config.schedule.epochs
@@ -211,8 +252,11 @@ class Trainer:
         for epoch in range(state.epoch, schedule.epochs):
             state.epoch = epoch
             parts.sampler.set_epoch(epoch, start_step=state.step - epoch * state.steps_per_epoch)
+            for record in epoch_records(parts.sampler, epoch, state.step):  # token-budget padding share
+                self.metrics.write_event(record)
             self.events.fire(Event.EPOCH_START, state)
             batches = iter(parts.train_loader)
+            self.clock.end_of_previous_step(state.step + 1)
             while state.step < min(state.total_steps, (epoch + 1) * state.steps_per_epoch):
                 self._train_step(parts, state, batches)
                 if self._after_step(state):
@@ -226,8 +270,9 @@ class Trainer:
                 return
 
     def _train_step(self, parts: _Parts, state: TrainState, batches: Iterator[Any]) -> None:
-        runtime, recipe = self.runtime, self.recipe
+        runtime, recipe, clock = self.runtime, self.recipe, self.clock
         self.events.fire(Event.STEP_START, state)
+        clock.mark("between_steps")
         state.lr = parts.optimizer.param_groups[0]["lr"]  # the LR this step uses
         started = time.perf_counter()
         data_wait_s = 0.0
@@ -236,18 +281,27 @@ class Trainer:
             before = time.perf_counter()
             batch = next(batches)
             data_wait_s += time.perf_counter() - before
+            clock.mark("data_wait")
+            batch = runtime.to_device(batch)
+            clock.mark("host_to_device")
+            self.monitor.count_flops(runtime.unwrap(parts.model), batch, recipe.training_loss,
+                                     recipe.batch_size(batch))
             with runtime.autocast():
                 loss = recipe.training_loss(parts.model, batch)
             runtime.backward(loss)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            clock.mark("forward_backward")
             runtime.optimizer_step()
+            clock.mark("optimizer")
         assert loss_sum is not None
         state.step += 1
-        state.samples_seen += state.global_batch_size
+        state.samples_seen += samples_in_step(parts.sampler, state.step - 1, state.global_batch_size)
         state.loss = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
         state.grad_norm = runtime.last_grad_norm
         state.data_wait_s = data_wait_s
         state.step_time_s = time.perf_counter() - started
+        state.extra["breakdown_s"] = clock.finish()
+        clock.end_of_previous_step(state.step + 1)
         self.events.fire(Event.STEP_END, state)
 
     def _after_step(self, state: TrainState) -> bool:

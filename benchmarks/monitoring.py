@@ -1,0 +1,200 @@
+"""Monitoring: its cost to training throughput, and ``num_workers: auto`` against a full grid.
+
+1. Overhead: the trainer benchmark's ResNet-18 on the CPU (64x64 synthetic images,
+   batch 32, AdamW), run by skylift's Trainer with monitoring off (no system sampler,
+   no breakdown, no MFU, no diagnosis, no TensorBoard) and fully on (1 Hz sampler,
+   breakdown every 10 steps, MFU, cost ledger, diagnosis, TensorBoard), alternating,
+   ``--repeats`` rounds; ``overhead_ratio`` = median samples/s on ÷ off (target >= 0.99).
+2. Autotune: a small CNN fed by skylift streaming from local shards of 128x128 JPEGs
+   (decoding is the loader's work), trained with every ``data.num_workers`` of the
+   sweep's candidates (the grid) and with ``auto``, alternating; ``autotune_ratio_to_grid``
+   = median samples/s of ``auto`` ÷ the best grid setting's median (target >= 0.95).
+
+Steps are timed from the end of the warm-up steps to the last step's end, by a
+step-end callback (the sweep and worker start-up are outside the window).
+``python -m benchmarks.monitoring [--quick]`` writes ``benchmarks/results/monitoring.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import clock, environment, window_rates
+from benchmarks.trainer_overhead import BATCH_SIZE, RunSpec, StepClock, skylift_overrides
+from skylift.config.load import load_config
+from skylift.data.autotune import default_candidates
+from skylift.data.datasets import synthetic_images
+from skylift.train.trainer import Trainer
+
+RESULTS_DIR = Path(__file__).parent / "results"
+MONITOR_OFF = ("monitor.system_interval_s=0", "monitor.breakdown_every_steps=0", "monitor.mfu=false",
+               "monitor.diagnose=false", "monitor.tensorboard=false")
+MONITOR_FULL = ("monitor.system_interval_s=1", "monitor.breakdown_every_steps=10", "monitor.mfu=true",
+                "monitor.diagnose=true", "monitor.tensorboard=true", "monitor.usd_per_hour=3.06",
+                "monitor.on_demand_usd_per_hour=9.8")
+JPEG_SIDE_PX = 128
+JPEG_BATCH = 32
+
+
+def _timed(config_overrides: list[str], warmup_steps: int, samples_per_step: int, threads: int) -> dict[str, Any]:
+    gc.collect()
+    step_clock = StepClock()
+    trainer = Trainer(load_config(None, config_overrides), callbacks=[step_clock])
+    trainer.fit()
+    ends = step_clock.step_ends
+    timed_steps = len(ends) - warmup_steps
+    rates = window_rates(ends[warmup_steps - 1], ends[-1], samples_per_step * timed_steps, threads)
+    sweep = trainer.monitor.loader_sweep
+    return {**rates, "chosen_num_workers": sweep["chosen"] if sweep else None, "sweep": sweep}
+
+
+def _alternate(contenders: dict[str, list[str]], repeats: int, warmup_steps: int, samples_per_step: int,
+               threads: int) -> dict[str, list[dict[str, Any]]]:
+    names = list(contenders)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
+            with tempfile.TemporaryDirectory(prefix="skylift-bench-") as run_dir:
+                run = _timed([*contenders[name], f"run_dir={run_dir}"], warmup_steps, samples_per_step, threads)
+            runs[name].append(run)
+            print(f"  {repeat + 1}/{repeats} {name:<14} {run['samples_per_s']:8.2f} samples/s  "
+                  f"CPU share {run['cpu_share']:.2f}" + (f"  chose {run['chosen_num_workers']}"
+                                                         if run["chosen_num_workers"] is not None else ""))
+    return runs
+
+
+def _median(runs: list[dict[str, Any]]) -> float:
+    return statistics.median(run["samples_per_s"] for run in runs)
+
+
+def measure_overhead(args: argparse.Namespace, threads: int) -> dict[str, Any]:
+    steps = args.warmup_steps + args.timed_steps
+    data = synthetic_images(BATCH_SIZE * steps, 64, 10, 0).train
+    spec = RunSpec("fp32", data, args.warmup_steps, args.timed_steps)
+    base = [o for o in skylift_overrides(spec, "unused") if not o.startswith(("run_dir=", "monitor.tensorboard"))]
+    contenders = {"monitor_off": [*base, *MONITOR_OFF], "monitor_full": [*base, *MONITOR_FULL]}
+    runs = _alternate(contenders, args.repeats, args.warmup_steps, BATCH_SIZE, threads)
+    paired = [on["samples_per_s"] / off["samples_per_s"]
+              for on, off in zip(runs["monitor_full"], runs["monitor_off"], strict=True)]
+    return {
+        "overhead_ratio": round(_median(runs["monitor_full"]) / _median(runs["monitor_off"]), 4),
+        "paired_overhead_ratio": round(statistics.median(paired), 4),
+        "samples_per_s": {name: round(_median(name_runs), 2) for name, name_runs in runs.items()},
+        "all_samples_per_s": {name: [round(r["samples_per_s"], 2) for r in rs] for name, rs in runs.items()},
+        "all_cpu_share": {name: [round(r["cpu_share"], 3) for r in rs] for name, rs in runs.items()},
+        "workload": f"resnet18 64x64 batch {BATCH_SIZE} fp32, {args.timed_steps} timed steps",
+    }
+
+
+def write_jpeg_shards(folder: Path, count: int) -> str:
+    """``count`` 128x128 JPEGs (smooth gradients plus noise, ~10 KB) in skylift shards."""
+    from PIL import Image
+
+    from skylift.data.shards import ShardWriter
+    from skylift.storage import open_store
+
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 255, JPEG_SIDE_PX, dtype=np.float32)
+    writer = ShardWriter(open_store(str(folder)), shard_size_bytes=2 * 2**20)
+    for index in range(count):
+        label = index % 10
+        base = (ramp[None, :, None] * (label + 1) / 10 + ramp[:, None, None] / 2) % 256
+        pixels = np.clip(base + rng.normal(0, 24, (JPEG_SIDE_PX, JPEG_SIDE_PX, 3)), 0, 255).astype(np.uint8)
+        encoded = io.BytesIO()
+        Image.fromarray(pixels).save(encoded, format="JPEG", quality=90)
+        writer.add({"jpg": encoded.getvalue(), "cls": str(label).encode()})
+    writer.close(metadata={"classes": [str(n) for n in range(10)]})
+    return str(folder)
+
+
+def measure_autotune(args: argparse.Namespace, threads: int, cache_dir: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="skylift-jpeg-") as folder:
+        url = write_jpeg_shards(Path(folder), args.images)
+        steps = args.warmup_steps + args.timed_steps
+        base = [
+            "device=cpu", "precision=fp32", "model.name=small_cnn", "model.width=16", f"data.url={url}",
+            f"data.cache_dir={cache_dir}", f"data.global_batch_size={JPEG_BATCH}", "schedule.epochs=100",
+            f"schedule.max_steps={steps}", "schedule.warmup_steps=0", "monitor.progress_bar='off'",
+            "monitor.tensorboard=false", "checkpoint.enabled=false", "preemption.cloud='off'",
+            f"data.autotune_s_per_setting={args.autotune_s}",
+        ]  # fmt: skip
+        grid = {f"workers_{n}": [*base, f"data.num_workers={n}"] for n in default_candidates()}
+        contenders = {**grid, "auto": [*base, "data.num_workers=auto"]}
+        runs = _alternate(contenders, args.repeats, args.warmup_steps, JPEG_BATCH, threads)
+    grid_medians = {name: _median(runs[name]) for name in grid}
+    best = max(grid_medians, key=grid_medians.get)
+    return {
+        "autotune_ratio_to_grid": round(_median(runs["auto"]) / grid_medians[best], 4),
+        "best_grid_setting": best,
+        "samples_per_s": {name: round(_median(name_runs), 2) for name, name_runs in runs.items()},
+        "auto_choices": [run["chosen_num_workers"] for run in runs["auto"]],
+        "sweeps": [run["sweep"] for run in runs["auto"]],
+        "all_samples_per_s": {name: [round(r["samples_per_s"], 2) for r in rs] for name, rs in runs.items()},
+        "workload": f"small_cnn width 16, {args.images} JPEGs {JPEG_SIDE_PX}x{JPEG_SIDE_PX} streamed from local "
+                    f"shards, batch {JPEG_BATCH}, {args.timed_steps} timed steps",
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke test: few steps, 1 repeat")
+    parser.add_argument("--repeats", type=int, help="alternating rounds (default 5, quick 1)")
+    parser.add_argument("--warmup-steps", type=int, help="untimed steps per run (default 5, quick 2)")
+    parser.add_argument("--timed-steps", type=int, help="timed steps per run (default 40, quick 4)")
+    parser.add_argument("--images", type=int, help="JPEGs for the autotune workload (default 2048, quick 256)")
+    parser.add_argument("--autotune-s", type=float, default=1.0, help="seconds per sweep setting")
+    parser.add_argument("--output", type=Path, help="JSON path (default benchmarks/results/monitoring.json)")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    args.warmup_steps = args.warmup_steps or (2 if args.quick else 5)
+    args.timed_steps = args.timed_steps or (4 if args.quick else 40)
+    args.images = args.images or (256 if args.quick else 2048)
+    args.output = args.output or RESULTS_DIR / f"monitoring{'_quick' if args.quick else ''}.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    started = clock()[0]
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    load_start = os.getloadavg()[0]
+    print("monitoring overhead (ResNet-18, CPU)")
+    overhead = measure_overhead(args, threads)
+    print("num_workers: auto vs the grid (JPEG shards)")
+    with tempfile.TemporaryDirectory(prefix="skylift-cache-") as cache_dir:
+        autotune = measure_autotune(args, threads, cache_dir)
+    result = {
+        "overhead_ratio": overhead["overhead_ratio"],
+        "autotune_ratio_to_grid": autotune["autotune_ratio_to_grid"],
+        "targets": {"overhead_ratio": 0.99, "autotune_ratio_to_grid": 0.95},
+        "overhead": overhead,
+        "autotune": autotune,
+        "config": {
+            "repeats": args.repeats, "warmup_steps": args.warmup_steps, "timed_steps": args.timed_steps,
+            "quick": args.quick, "load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0],
+            "elapsed_s": round(clock()[0] - started, 1), **environment(threads, ("torch", "skylift")),
+        },
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"overhead_ratio {result['overhead_ratio']} (paired {overhead['paired_overhead_ratio']}), "
+          f"autotune_ratio_to_grid {result['autotune_ratio_to_grid']} (best grid: {autotune['best_grid_setting']}, "
+          f"auto chose {autotune['auto_choices']})")
+    print(f"wrote {args.output} ({result['config']['elapsed_s']} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""A run folder's records, split into attempts and summarised for the report and live view.
+
+A run folder accumulates every attempt of the same run (a preempted run that resumes
+appends to ``metrics.jsonl``). Attempts start at ``run_start`` records; a file written
+before those existed is split where the step goes backwards, or at the first step
+after a ``preemption`` record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Attempt", "AttemptSplitter", "RunFigures", "elapsed_unit", "run_figures", "split_attempts", "usd"]
+
+
+@dataclass
+class Attempt:
+    """One start of ``skylift run`` in this folder (1-based ``number``)."""
+
+    number: int
+    start: dict[str, Any] | None = None
+    """The ``run_start`` record; ``None`` for a file that predates them."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [record for record in self.records if record.get("kind") == kind]
+
+    def last(self, kind: str) -> dict[str, Any] | None:
+        return next((r for r in reversed(self.records) if r.get("kind") == kind), None)
+
+    @property
+    def train(self) -> list[dict[str, Any]]:
+        return self.of_kind("train")
+
+    @property
+    def resumed_from_step(self) -> int | None:
+        if self.start is not None:
+            return self.start.get("resumed_from_step")
+        first = next((r for r in self.records if r.get("kind") == "train"), None)
+        # Without run_start, a later attempt resumed just before its first step.
+        return first["step"] - 1 if first is not None and self.number > 1 else None
+
+    @property
+    def start_time_s(self) -> float | None:
+        times = [r["time"] for r in self.records if isinstance(r.get("time"), (int, float))]
+        return min(times, default=None)
+
+    @property
+    def end_time_s(self) -> float | None:
+        times = [r["time"] for r in self.records if isinstance(r.get("time"), (int, float))]
+        return max(times, default=None)
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [r["step"] for r in self.records if r.get("kind") in ("train", "run_end") and "step" in r]
+        return max(steps, default=None)
+
+    @property
+    def outcome(self) -> str:
+        """``finished``, ``preempted``, ``stopped: REASON`` or ``running or killed``."""
+        if self.last("preemption") is not None:  # its run_end, if any, says "stopped: preemption notice"
+            return "preempted"
+        end = self.last("run_end")
+        if end is not None:
+            return "finished" if not end.get("stopped_early") else f"stopped: {end['stopped_early']}"
+        return "running or killed"
+
+
+class AttemptSplitter:
+    """Says which record starts a new attempt; fed every record in file order.
+
+    Shared by the report (whole file) and the live view (a growing file).
+    """
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self._announced = False  # the current attempt began with a run_start record
+        self._last_train_step: int | None = None
+        self._stopped = False  # a preemption or run_end was seen in the current attempt
+
+    def starts_attempt(self, record: dict[str, Any]) -> bool:
+        kind = record.get("kind")
+        if kind == "run_start" or self.attempts == 0:
+            begins = True
+        else:
+            # The heuristics apply only to attempts that did not announce themselves.
+            step = record.get("step")
+            went_back = self._last_train_step is not None and isinstance(step, int) and step <= self._last_train_step
+            begins = not self._announced and kind == "train" and (went_back or self._stopped)
+        if begins:
+            self.attempts += 1
+            self._announced = kind == "run_start"
+            self._last_train_step, self._stopped = None, False
+        if kind == "train":
+            self._last_train_step = record.get("step", self._last_train_step)
+        self._stopped = self._stopped or kind in ("preemption", "run_end")
+        return begins
+
+
+def split_attempts(records: Iterable[dict[str, Any]]) -> list[Attempt]:
+    """Group records into attempts, in file order."""
+    attempts: list[Attempt] = []
+    splitter = AttemptSplitter()
+    for record in records:
+        if splitter.starts_attempt(record):
+            start = record if record.get("kind") == "run_start" else None
+            attempts.append(Attempt(number=splitter.attempts, start=start))
+        attempts[-1].records.append(record)
+    return attempts
+
+
+@dataclass
+class RunFigures:
+    """The headline numbers of a run folder (``None`` where unknown)."""
+
+    attempts: int = 0
+    preemptions: int = 0
+    step: int | None = None
+    total_steps: int | None = None
+    samples_seen: int | None = None
+    samples_per_s: float | None = None
+    mfu: float | None = None
+    loss: float | None = None
+    eval: dict[str, float] = field(default_factory=dict)
+    usd_spent: float | None = None
+    projected_usd_total: float | None = None
+    device: str | None = None
+    precision: str | None = None
+    outcome: str = "no records"
+    wall_time_s: float | None = None
+
+
+def run_figures(attempts: list[Attempt], summary: dict[str, Any] | None = None) -> RunFigures:
+    """Headline figures from the records, falling back to ``summary.json`` where they are silent."""
+    summary = summary or {}
+    figures = RunFigures(attempts=len(attempts), outcome=_outcome(attempts, summary))
+    records = [record for attempt in attempts for record in attempt.records]
+    figures.preemptions = sum(1 for r in records if r.get("kind") == "preemption")
+    _train_figures(figures, records)
+    last_eval = _last(records, "eval")
+    if last_eval is not None:
+        figures.eval = {k: v for k, v in last_eval.items() if k not in ("kind", "step", "epoch", "time")
+                        and isinstance(v, (int, float))}
+    figures.eval = figures.eval or dict(summary.get("eval_metrics") or {})
+    cost = _last(records, "cost")
+    if cost is not None:
+        figures.usd_spent, figures.projected_usd_total = cost.get("usd_spent"), cost.get("projected_usd_total")
+    start = next((a.start for a in reversed(attempts) if a.start is not None), None)
+    if start is not None:
+        figures.total_steps = start.get("total_steps")
+        world = start.get("world_size", 1)
+        figures.device = f"{world} × {start.get('device_name', start.get('device', '?'))}"
+        figures.precision = start.get("precision")
+    else:
+        figures.device = f"{summary['world_size']} × {summary['device']}" if "device" in summary else None
+        figures.precision = summary.get("precision")
+    end = _last(records, "run_end")
+    if end is not None:
+        figures.samples_per_s = end.get("samples_per_s", figures.samples_per_s)
+    elif attempts and attempts[-1].outcome != "running or killed" and summary.get("samples_per_s"):
+        figures.samples_per_s = summary["samples_per_s"]
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+    figures.wall_time_s = max(times) - min(times) if times else None
+    return figures
+
+
+def _outcome(attempts: list[Attempt], summary: dict[str, Any]) -> str:
+    if not attempts:
+        return "no records"
+    last = attempts[-1]
+    # A file without run_end records: summary.json, written at the end of each attempt, tells.
+    if last.outcome == "running or killed" and summary.get("steps") == last.last_step and "stopped_early" in summary:
+        stopped = summary["stopped_early"]
+        return "finished (per summary.json)" if stopped is None else f"stopped: {stopped} (per summary.json)"
+    return last.outcome
+
+
+def _train_figures(figures: RunFigures, records: list[dict[str, Any]]) -> None:
+    train = _last(records, "train")
+    if train is None:
+        return
+    figures.step = train.get("step")
+    figures.samples_seen = train.get("samples_seen")
+    figures.samples_per_s = train.get("samples_per_s")
+    figures.loss = train.get("loss")
+    figures.mfu = next((r["mfu"] for r in reversed(records) if r.get("kind") == "train" and r.get("mfu") is not None),
+                       None)
+
+
+def _last(records: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    return next((r for r in reversed(records) if r.get("kind") == kind), None)
+
+
+def elapsed_unit(span_s: float) -> tuple[str, float]:
+    """A readable unit for a time axis spanning ``span_s``: (name, seconds per unit)."""
+    if span_s < 300:
+        return "s", 1.0
+    if span_s < 3 * 3600:
+        return "min", 60.0
+    return "h", 3600.0
+
+
+def usd(amount: float) -> str:
+    """Dollars with cents, or four decimals under a dollar (short test runs cost fractions of a cent)."""
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4f}"

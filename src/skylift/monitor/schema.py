@@ -1,0 +1,242 @@
+"""The schema of ``RUN_DIR/metrics.jsonl``: one JSON object a line, told apart by ``kind``.
+
+Every record has ``kind`` and ``time`` (Unix seconds). A run folder accumulates the
+records of every attempt of the same run (a preempted run that resumes appends), so
+readers split attempts at ``run_start`` records.
+
+==============  =============================================================================
+kind            written
+==============  =============================================================================
+run_start       once per attempt, before the first step: device, peak FLOP/s, prices
+train           per optimizer step (flushed every ``monitor.log_every_steps``)
+eval            after each evaluation
+system          every ``monitor.system_interval_s`` per node: host and GPU figures
+cost            with each train flush when a price is known: dollars spent and projected
+checkpoint      when a save finishes (committed or not)
+preemption      when a stop was agreed: reason, notice window, what was saved
+diagnosis       at the end of an attempt: what bounds the run and what to change
+run_end         once per attempt, after the last step
+==============  =============================================================================
+
+Field names carry their units (``_s``, ``_gib``, ``_mb_s``, ``_percent``, ``usd``).
+:func:`validate_record` checks one record; tests validate every line a real run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = ["BREAKDOWN_PHASES", "MetricsRecord", "read_records", "validate_record"]
+
+BREAKDOWN_PHASES = (
+    "data_wait",
+    "host_to_device",
+    "forward_backward",
+    "communication",
+    "optimizer",
+    "checkpoint",
+    "other",
+)
+"""Where a step's time goes, in loop order; the phases of a breakdown add up to the step."""
+
+
+class _Record(BaseModel):
+    # Readers must accept records written by newer versions, so extra fields are kept.
+    model_config = ConfigDict(extra="allow")
+
+    time: float
+    """Unix time the record was written."""
+
+
+class RunStartRecord(_Record):
+    kind: Literal["run_start"]
+    attempt: int = Field(ge=1)
+    """1 for the first start of this run folder, +1 for each restart (resume)."""
+    resumed_from_step: int | None
+    """Checkpoint step this attempt resumed from; ``null`` for a fresh start."""
+    step: int = Field(ge=0)
+    """Optimizer step the attempt starts at."""
+    total_steps: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    num_nodes: int = Field(ge=1)
+    device: str
+    """``cpu`` or ``cuda``."""
+    device_name: str
+    """GPU model name, or the CPU model."""
+    precision: str
+    peak_flops_per_s: float | None
+    """Peak dense FLOP/s of one device at the run's precision (MFU's denominator)."""
+    peak_flops_source: str
+    """Where the peak came from: the GPU table, a measured CPU matmul, or ``unknown``."""
+    flops_per_step: float | None = None
+    """Unknown at start: FLOPs are counted at the first step and reported with MFU in
+    the ``train`` records (``flops_per_step``: one rank's forward + backward)."""
+    usd_per_hour: float | None
+    """Price of the whole job per hour (all nodes); ``null`` when unknown."""
+    on_demand_usd_per_hour: float | None
+    """On-demand price of the same machines, for the spot savings figure."""
+
+
+class TrainRecord(_Record):
+    kind: Literal["train"]
+    step: int = Field(ge=1)
+    epoch: int = Field(ge=0)
+    loss: float
+    lr: float
+    step_time_s: float = Field(ge=0)
+    data_wait_s: float = Field(ge=0)
+    samples_seen: int = Field(ge=0)
+    samples_per_s: float = Field(ge=0)
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    """Model FLOPs utilisation over the logging interval (0..1)."""
+    flops_per_step: float | None = None
+    """One rank's model FLOPs per optimizer step (forward + backward), MFU's numerator."""
+    breakdown_s: dict[str, float] | None = None
+    """Seconds of this step per phase (see ``BREAKDOWN_PHASES``), on sampled steps."""
+    breakdown_by_rank_s: list[dict[str, float]] | None = None
+    """The same per rank (index = rank), gathered to rank 0, on sampled steps."""
+
+
+class EvalRecord(_Record):
+    kind: Literal["eval"]
+    step: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+
+
+class HostFigures(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    cpu_percent: float
+    """All cores, 0..100."""
+    memory_used_gib: float
+    memory_total_gib: float
+    disk_read_mb_s: float | None = None
+    disk_write_mb_s: float | None = None
+    net_recv_mb_s: float | None = None
+    net_sent_mb_s: float | None = None
+
+
+class GpuFigures(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    name: str
+    utilization_percent: float | None = None
+    memory_used_gib: float | None = None
+    memory_total_gib: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    pcie_rx_mb_s: float | None = None
+    pcie_tx_mb_s: float | None = None
+
+
+class SystemRecord(_Record):
+    kind: Literal["system"]
+    node_rank: int = Field(ge=0)
+    step: int | None = None
+    """Optimizer steps completed when sampled."""
+    host: HostFigures
+    gpus: list[GpuFigures]
+    """Empty on a machine without GPUs (or without NVML)."""
+
+
+class CostRecord(_Record):
+    kind: Literal["cost"]
+    step: int = Field(ge=0)
+    usd_per_hour: float = Field(ge=0)
+    usd_spent: float = Field(ge=0)
+    """Spent by this run folder so far, every attempt included."""
+    usd_per_epoch: float | None
+    projected_usd_total: float | None
+    projected_s_left: float | None
+    on_demand_usd_per_hour: float | None
+    savings_usd: float | None
+    """What the same time would have cost on demand, minus ``usd_spent``."""
+
+
+class CheckpointRecord(_Record):
+    kind: Literal["checkpoint"]
+    step: int = Field(ge=0)
+    committed: bool
+    stall_s: float
+    write_s: float
+    error: str | None = None
+
+
+class PreemptionRecord(_Record):
+    kind: Literal["preemption"]
+    step: int = Field(ge=0)
+    reason: str
+    seconds_left_at_notice: float | None
+    saved: bool
+    checkpoint_step: int | None
+    notice_to_commit_s: float
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["input", "compute", "communication", "checkpoint", "memory", "other"]
+    severity: Literal["info", "warn"]
+    message: str
+    """The observation, with numbers."""
+    advice: str | None
+    """The concrete change that would help (``null`` when none is needed)."""
+
+
+class DiagnosisRecord(_Record):
+    kind: Literal["diagnosis"]
+    step: int = Field(ge=0)
+    bound: Literal["input", "compute", "communication", "checkpoint", "unknown"]
+    """What limits throughput."""
+    shares: dict[str, float]
+    """Share of step time per phase (sums to ~1)."""
+    findings: list[Finding]
+
+
+class RunEndRecord(_Record):
+    kind: Literal["run_end"]
+    step: int = Field(ge=0)
+    samples_per_s: float = Field(ge=0)
+    train_time_s: float = Field(ge=0)
+    stopped_early: str | None
+
+
+MetricsRecord = (
+    RunStartRecord
+    | TrainRecord
+    | EvalRecord
+    | SystemRecord
+    | CostRecord
+    | CheckpointRecord
+    | PreemptionRecord
+    | DiagnosisRecord
+    | RunEndRecord
+)
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Annotated[MetricsRecord, Field(discriminator="kind")])
+
+
+def validate_record(record: dict[str, Any]) -> MetricsRecord:
+    """Return the typed record; raise ``pydantic.ValidationError`` naming the bad field."""
+    return _ADAPTER.validate_python(record)
+
+
+def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield the records of a metrics file, skipping a torn last line (a killed writer)."""
+    with Path(path).open(encoding="utf-8") as lines:
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

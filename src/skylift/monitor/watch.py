@@ -1,0 +1,214 @@
+"""The run monitor: one callback that writes what the loop's own metrics don't.
+
+It owns the ``run_start`` record (device, peak FLOP/s, prices, the loader sweep),
+the system sampler, MFU's FLOP count, the cost ledger, and at the end the
+diagnosis and ``run_end``. Step-time breakdowns are measured by the Trainer's
+:class:`~skylift.monitor.breakdown.StepClock` and travel in the ``train`` records.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from skylift.config.schema import RunConfig
+from skylift.monitor.cost import CostLedger, previous_spend_usd
+from skylift.monitor.metrics import MetricsLogger
+from skylift.monitor.schema import read_records
+from skylift.train.distributed import DistributedContext
+from skylift.train.events import Callback, TrainState
+
+__all__ = ["RunMonitor"]
+
+log = logging.getLogger("skylift")
+
+COST_INTERVAL_S = 5.0
+"""Least seconds between two ``cost`` records."""
+
+
+class RunMonitor(Callback):
+    """Subscribe after the :class:`MetricsLogger` it writes through.
+
+    Args:
+        config: the run's configuration.
+        context: the distributed context (only rank 0 writes; local rank 0 samples).
+        metrics: the logger every record goes through.
+        device: where the model runs.
+        precision: the precision policy's name (``fp32``, ``bf16``, ...).
+    """
+
+    def __init__(self, config: RunConfig, context: DistributedContext, metrics: MetricsLogger, *,
+                 device: torch.device, precision: str) -> None:
+        self.config = config
+        self.context = context
+        self.metrics = metrics
+        self.device = device
+        self.precision = precision
+        self.started_at = time.time()
+        self.loader_sweep: dict[str, Any] | None = None
+        self.resumed_from_step: int | None = None
+        self._sampler: Any = None
+        self._ledger: CostLedger | None = None
+        self._flops_counted = False
+        self._peak: Any = None
+        self._step = 0
+        self._seconds_per_step: float | None = None
+        self._last_cost_at = float("-inf")
+
+    # -- events ---------------------------------------------------------------------
+
+    def on_fit_start(self, state: TrainState) -> None:
+        monitor = self.config.monitor
+        self._step = state.step
+        if monitor.mfu:
+            from skylift.monitor.flops import device_peak
+
+            self._peak = device_peak(self.device, self.precision)
+        if self.context.is_main:
+            self._open_ledger()
+            self.metrics.write_event(self._run_start(state))
+            self.metrics.after_flush.append(self._after_flush)
+        if monitor.system_interval_s > 0 and self.context.local_rank == 0:
+            self._start_sampler(monitor.system_interval_s)
+
+    def on_step_end(self, state: TrainState) -> None:
+        self._step = state.step
+
+    def finish(self, state: TrainState, train_time_s: float, samples_per_s: float) -> None:
+        """Stop sampling; write ``run_end`` and the diagnosis (before the metrics file closes)."""
+        self.close()
+        if not self.context.is_main:
+            return
+        self._after_flush(state, None, final=True)
+        self.metrics.write_event({
+            "kind": "run_end", "step": state.step, "samples_per_s": samples_per_s,
+            "train_time_s": round(train_time_s, 3), "stopped_early": state.stop_requested, "time": time.time(),
+        })
+        if self.config.monitor.diagnose:
+            self._diagnose()
+
+    def close(self) -> None:
+        """Stop the sampler (idempotent; also called when a run fails)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+
+    def count_flops(self, module: nn.Module, batch: Any, loss: Callable[[nn.Module, Any], torch.Tensor],
+                    batch_size: int) -> None:
+        """Count FLOPs per sample from the first micro-batch of ``batch_size`` samples (once per attempt).
+
+        Per sample is exact for fixed-size inputs; for token-budget batches of varying
+        length it takes the first batch's mix as typical.
+        """
+        if self._flops_counted or not self.config.monitor.mfu or self._peak is None:
+            return
+        self._flops_counted = True
+        from skylift.monitor.flops import count_step_flops
+
+        micro_flops = count_step_flops(module, batch, loss)
+        if micro_flops is not None and self._peak.flops_per_s and batch_size > 0:
+            self.metrics.set_flops(micro_flops / batch_size, self._peak.flops_per_s, self.context.world_size)
+
+    # -- parts ----------------------------------------------------------------------
+
+    def _run_start(self, state: TrainState) -> dict[str, Any]:
+        config = self.config
+        peak = self._peak
+        attempt = 1 + sum(1 for r in _existing(self.metrics) if r.get("kind") == "run_start")
+        world_size = self.context.world_size
+        return {
+            "kind": "run_start",
+            "attempt": attempt,
+            "resumed_from_step": self.resumed_from_step,
+            "step": state.step,
+            "total_steps": state.total_steps,
+            "steps_per_epoch": state.steps_per_epoch,
+            "world_size": world_size,
+            "num_nodes": self.context.num_nodes,
+            "device": self.device.type,
+            "device_name": _device_name(self.device),
+            "precision": self.precision,
+            "peak_flops_per_s": peak.flops_per_s if peak else None,
+            "peak_flops_source": peak.source if peak else "unknown: monitor.mfu is off",
+            "flops_per_step": None,
+            "usd_per_hour": config.monitor.usd_per_hour,
+            "on_demand_usd_per_hour": config.monitor.on_demand_usd_per_hour,
+            "data_num_workers": config.data.num_workers,
+            "cpu_count": _cpus(),
+            "compile_enabled": config.compile.enabled,
+            "checkpoint_async": config.checkpoint.async_save if config.checkpoint.enabled else None,
+            "autotune": self.loader_sweep,
+            "time": time.time(),
+        }
+
+    def _open_ledger(self) -> None:
+        price = self.config.monitor.usd_per_hour
+        if price is None:
+            return
+        self._ledger = CostLedger(
+            price,
+            on_demand_usd_per_hour=self.config.monitor.on_demand_usd_per_hour,
+            earlier_usd=previous_spend_usd(self.metrics.run_dir.metrics_path),
+            started_at=self.started_at,
+        )
+
+    def _after_flush(self, state: TrainState, seconds_per_step: float | None, *, final: bool = False) -> None:
+        if self._ledger is None:
+            return
+        if seconds_per_step is not None:
+            self._seconds_per_step = seconds_per_step
+        # Flushes come every few steps; the ledger moves slowly, so one record per
+        # COST_INTERVAL_S (and one at the end) draws the curve without bloating the file.
+        now = time.monotonic()
+        if final or now - self._last_cost_at >= COST_INTERVAL_S:
+            self._last_cost_at = now
+            self.metrics.write_event(self._ledger.record(
+                step=state.step, total_steps=state.total_steps, steps_per_epoch=state.steps_per_epoch,
+                seconds_per_step=self._seconds_per_step,
+            ))
+
+    def _start_sampler(self, interval_s: float) -> None:
+        from skylift.monitor.system import SystemSampler
+
+        sink = self.metrics.write_event if self.context.is_main else self.metrics.queue_remote
+        self._sampler = SystemSampler(interval_s, sink, node_rank=self.context.node_rank, step=lambda: self._step)
+        self._sampler.start()
+
+    def _diagnose(self) -> None:
+        from skylift.monitor.diagnosis import diagnose
+
+        record = diagnose(list(_existing(self.metrics)))
+        if record is None:
+            return
+        self.metrics.write_event(record)  # `skylift run` prints it with the report path
+        log.debug("diagnosis: %s-bound", record["bound"])
+
+
+def _existing(metrics: MetricsLogger) -> Any:
+    path = metrics.run_dir.metrics_path
+    return read_records(path) if path.exists() else iter(())
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpus() -> int:
+    from skylift.data.autotune import available_cpus
+
+    return available_cpus()

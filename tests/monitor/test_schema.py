@@ -1,0 +1,78 @@
+"""Every record a real run writes validates against the documented schema."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from skylift.config import load_config
+from skylift.monitor.schema import BREAKDOWN_PHASES, read_records, validate_record
+from skylift.train.trainer import Trainer
+
+
+def monitored_config(run_dir, *overrides):
+    base = [f"run_dir={run_dir}", "monitor.tensorboard=false", "monitor.progress_bar=off",
+            "checkpoint.enabled=false", "preemption.enabled=false", "schedule.warmup_steps=2",
+            "monitor.system_interval_s=0.05", "monitor.breakdown_every_steps=2", "monitor.log_every_steps=4",
+            "monitor.usd_per_hour=2.5", "monitor.on_demand_usd_per_hour=8.0"]
+    return load_config("examples/quickstart.yaml", [*base, *overrides])
+
+
+@pytest.fixture(scope="module")
+def run_records(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("monitored")
+    Trainer(monitored_config(run_dir, "schedule.max_steps=24", "precision=fp32")).fit()
+    return list(read_records(run_dir / "metrics.jsonl"))
+
+
+def test_every_record_validates(run_records):
+    kinds = [validate_record(record).kind for record in run_records]
+    assert kinds[0] == "run_start"
+    assert {"run_start", "train", "eval", "system", "cost", "diagnosis", "run_end"} <= set(kinds)
+
+
+def test_breakdowns_cover_the_step(run_records):
+    sampled = [r for r in run_records if r["kind"] == "train" and "breakdown_s" in r]
+    assert [r["step"] for r in sampled] == list(range(2, 25, 2))
+    for record in sampled:
+        assert list(record["breakdown_s"]) == list(BREAKDOWN_PHASES)
+        assert all(value >= 0 for value in record["breakdown_s"].values())
+        # The window also spans the time between steps, so it is at least the step's own time.
+        assert sum(record["breakdown_s"].values()) >= record["step_time_s"] * 0.9
+
+
+def test_mfu_and_system_figures(run_records):
+    start = run_records[0]
+    assert start["peak_flops_per_s"] > 1e9 and start["peak_flops_source"].startswith("measured:cpu-matmul")
+    train = [r for r in run_records if r["kind"] == "train"]
+    assert all(0 < r["mfu"] < 1 for r in train)
+    assert train[0]["flops_per_step"] > 0
+    system = [r for r in run_records if r["kind"] == "system"]
+    assert system and all(r["gpus"] == [] and 0 <= r["host"]["cpu_percent"] <= 100 for r in system)
+
+
+def test_cost_accumulates(run_records):
+    costs = [r for r in run_records if r["kind"] == "cost"]
+    spent = [r["usd_spent"] for r in costs]
+    assert spent == sorted(spent) and spent[-1] > 0
+    assert costs[-1]["savings_usd"] > 0  # on demand costs more than 2.5 $/h
+
+
+def test_bad_record_names_the_field():
+    with pytest.raises(ValidationError, match="breakdown_s"):
+        validate_record({"kind": "train", "time": 1.0, "step": 1, "epoch": 0, "loss": 1.0, "lr": 0.1,
+                         "step_time_s": 0.1, "data_wait_s": 0.0, "samples_seen": 8, "samples_per_s": 80.0,
+                         "breakdown_s": "slow"})
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "eval", "time": 1, "step": 1, "epoch": 0}\n{"kind": "tra')
+    assert [r["kind"] for r in read_records(path)] == ["eval"]
+
+
+def test_a_torn_line_from_a_killed_attempt_does_not_swallow_the_next(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "eval", "time": 1, "step": 1, "epoch": 0}\n{"kind": "tra')
+    Trainer(monitored_config(tmp_path, "schedule.max_steps=2", "precision=fp32")).fit()
+    kinds = [r["kind"] for r in read_records(tmp_path / "metrics.jsonl")]
+    assert kinds[:2] == ["eval", "run_start"]

@@ -76,3 +76,23 @@ def test_a_torn_line_from_a_killed_attempt_does_not_swallow_the_next(tmp_path):
     Trainer(monitored_config(tmp_path, "schedule.max_steps=2", "precision=fp32")).fit()
     kinds = [r["kind"] for r in read_records(tmp_path / "metrics.jsonl")]
     assert kinds[:2] == ["eval", "run_start"]
+
+
+@pytest.mark.multiprocess
+def test_ddp_ranks_breakdowns_are_gathered_to_rank_0(cli, tmp_path):
+    result = cli("run", "examples/quickstart.yaml", "--nproc", "2", "--json", "--set", f"run_dir={tmp_path}",
+                 "--set", "schedule.max_steps=6", "--set", "schedule.warmup_steps=2", "--set", "monitor.breakdown_every_steps=2",
+                 "--set", "monitor.log_every_steps=3", "--set", "checkpoint.enabled=false",
+                 "--set", "monitor.tensorboard=false", "--set", "precision=fp32", "--set", "monitor.report=false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = list(read_records(tmp_path / "metrics.jsonl"))
+    for record in records:
+        validate_record(record)
+    sampled = [r for r in records if r["kind"] == "train" and "breakdown_s" in r]
+    assert [r["step"] for r in sampled] == [2, 4, 6]
+    for record in sampled:
+        by_rank = record["breakdown_by_rank_s"]
+        assert len(by_rank) == 2 and by_rank[0] == record["breakdown_s"]
+        assert all(set(rank) == set(BREAKDOWN_PHASES) for rank in by_rank)
+    assert sum(1 for r in records if r["kind"] == "run_start") == 1  # rank 0 alone writes
+    assert {r["node_rank"] for r in records if r["kind"] == "system"} == {0}

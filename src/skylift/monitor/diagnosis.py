@@ -137,7 +137,10 @@ def _compute_findings(share: float, bound: str, context: _Context) -> list[dict[
     message = f"compute-bound: {_percent(share)} of step time in forward, backward and optimizer{mfu}"
     advice = None
     start = context.start
-    if start.get("device") == "cuda" and start.get("precision") in ("fp32", "tf32"):
+    if start.get("device") == "cpu":
+        advice = ("the CPU's arithmetic is the limit: a GPU instance is the change that pays "
+                  "(on this CPU, a larger data.global_batch_size raises MFU a little)")
+    elif start.get("device") == "cuda" and start.get("precision") in ("fp32", "tf32"):
         advice = "set precision: auto (bf16 or fp16 tensor cores) for up to several times the throughput"
     elif not start.get("compile_enabled", True):
         advice = "try compile.enabled: true (fuses kernels; pays off on GPUs for runs longer than a few minutes)"

@@ -2,7 +2,7 @@
 
 A ~100M-parameter fp32 MLP on the CPU with AdamW (after a step) and a LambdaLR, saved
 with skylift's real ``CheckpointManager`` and ``capture`` to two targets, a local
-folder and S3 on an in-process moto server (127.0.0.1):
+folder and S3 on a moto server in its own process (127.0.0.1):
 
 * ``sync_save_s``: ``manager.save(...)`` with ``async_save=False``, end to end
   (capture, serialise, hash, write, manifest commit, retention).

@@ -65,7 +65,7 @@ def _cpu_table(report: dict[str, Any]) -> Any:
     from rich.table import Table
 
     table = Table(title=(
-        "Where this process's CPU goes during a sync save (median CPU s per thread group; moto runs in-process); "
+        "Where this process's CPU goes during a sync save (median CPU s per thread group; moto runs in its own process); "
         "training step times"
     ))
     for column in ("target", "CPU s / wall s", "CPU s by thread group", "step s", "step s during async write"):
@@ -90,7 +90,7 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(_cpu_table(report))
     console.print(
         f"load average (1 min) {config['load_average_1m_start']:.2f} at start, {config['load_average_1m_end']:.2f} "
-        f"at end, on {config['cpu_count']} CPUs; peak RSS {config['peak_rss_bytes'] / 1e9:.1f} GB (moto's objects "
-        "included); notice->commit runs poll every "
+        f"at end, on {config['cpu_count']} CPUs; peak RSS {config['peak_rss_bytes'] / 1e9:.1f} GB (this process; "
+        "moto's objects live in its own); notice->commit runs poll every "
         f"{config['poll_interval_s']:g} s"
     )

@@ -1,13 +1,14 @@
-"""Where the checkpoint benchmark writes: a local folder, or S3 on an in-process moto server.
+"""Where the checkpoint benchmark writes: a local folder, or S3 on a moto server.
 
-Both are opened with skylift's own ``open_store``. The moto server listens on
-127.0.0.1 only and gets fake credentials, so no request can leave the machine.
-moto keeps objects in memory: :meth:`Target.close` deletes everything written.
+Both are opened with skylift's own ``open_store``. The moto server runs in its own
+process, as a real object store would (in this process it would share the GIL with
+the writer it serves), listens on 127.0.0.1 only and gets fake credentials, so no
+request can leave the machine. moto keeps objects in memory: :meth:`Target.close`
+deletes everything written and stops the server.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from skylift.storage import Store, open_store
-from tests.servers import S3_ENVIRONMENT, MotoServer
+from tests.servers import S3_ENVIRONMENT
 
 __all__ = ["TARGETS", "Target", "local_target", "s3_target"]
 
@@ -36,6 +37,8 @@ class Target:
     endpoint_url: str | None
     store: Store
     cleanup: list[Callable[[], None]] = field(default_factory=list)
+    server_pid: int | None = None
+    """The object-store server's process, to report its CPU share."""
 
     def sibling(self, suffix: str) -> tuple[str, Store]:
         """Another root next to this one: (url, store)."""
@@ -55,22 +58,21 @@ def local_target() -> Target:
 
 
 def s3_target() -> Target:
-    """``s3://skylift-bench/bench`` on a moto server started in this process."""
+    """``s3://skylift-bench/bench`` on a moto server in a child process."""
+    import boto3
+
+    from benchmarks.data_loading_servers import MotoProcess
+
     for name in _REMOVED:
         os.environ.pop(name, None)
     os.environ.update({**S3_ENVIRONMENT, **_ISOLATION})
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-    server = MotoServer().start()
-    server.create_bucket(BUCKET)
+    server = MotoProcess()
+    boto3.client("s3", endpoint_url=server.endpoint_url).create_bucket(Bucket=BUCKET)
     url = f"s3://{BUCKET}/bench"
     target = Target("s3", url, server.endpoint_url, open_store(url, endpoint_url=server.endpoint_url))
-    target.cleanup += [server.stop, lambda: _empty_bucket(target)]  # run last-in, first-out
+    target.server_pid = server.pid
+    target.cleanup += [server.close]
     return target
-
-
-def _empty_bucket(target: Target) -> None:
-    bucket_root = open_store(f"s3://{BUCKET}", endpoint_url=target.endpoint_url)
-    bucket_root.delete(bucket_root.list())
 
 
 TARGETS: dict[str, Callable[[], Target]] = {"local": local_target, "s3": s3_target}

@@ -3,6 +3,8 @@
 Downloads are verified against the index's sha256, written via a temporary file and
 rename, and guarded by an ``flock`` per shard so that concurrent workers download each
 shard once (the lock dies with its process, so a killed worker never wedges others).
+A cached copy is hashed again when read, unless the lock holder verified it while the
+reader waited for the lock (see :func:`_verified_while_waiting`).
 When the cache passes its limit, the least recently used shards go first.
 """
 
@@ -12,6 +14,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -48,21 +51,30 @@ class ShardCache:
         Shards in ``keep`` (the ones a reader still needs) are never evicted for this one.
         """
         target = self.path(shard)
+        waiting_since_ns = time.time_ns()
         with _locked(self.root / f".{shard.name}.lock"):
             data = target.read_bytes() if target.is_file() else None
+            if data is not None and _verified_while_waiting(target, data, shard, waiting_since_ns):
+                # No utime: only a holder that hashed the bytes may make the ctime fresh,
+                # and the holder's touch already made this shard recent.
+                return data
             if data is not None and not _matches(data, shard):
                 log.warning("cached shard %s failed its sha256 check; fetching it again", shard.name)
                 target.unlink(missing_ok=True)
                 data = None
             if data is None:
                 data = self._download(shard)
-                # Make room, then publish, under one cache-wide lock, so concurrent
-                # downloads never take the cache past its limit together.
-                with _locked(self.root / ".cache.lock"):
-                    self._evict(keep, incoming_bytes=len(data))
-                    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+                # Write the temporary file outside the cache-wide lock (the workers' other
+                # downloads need it too), then make room and publish under it, so that
+                # concurrent downloads never take the cache past its limit together.
+                temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+                try:
                     temporary.write_bytes(data)
-                    os.replace(temporary, target)
+                    with _locked(self.root / ".cache.lock"):
+                        self._evict(keep, incoming_bytes=len(data))
+                        os.replace(temporary, target)
+                finally:
+                    temporary.unlink(missing_ok=True)
             else:
                 os.utime(target)  # recency for LRU eviction
         return data
@@ -108,6 +120,23 @@ class ShardCache:
                 continue
             entries.append((status.st_mtime, status.st_size, path))
         return entries
+
+
+def _verified_while_waiting(target: Path, data: bytes, shard: ShardInfo, waiting_since_ns: int) -> bool:
+    """Whether the holder of the shard's lock verified ``target`` while this reader waited for it.
+
+    Every reader (DataLoader worker) of a rank needs every shard, so the others queue on
+    the lock of the one downloading it. The lock holder changes the file's ctime only
+    after verifying its bytes (publishing it, or touching it for LRU recency), so a ctime
+    at or after the moment this reader started waiting means it was just verified, and
+    hashing it again would only repeat the work. The kernel's ctime clock is coarse and
+    rounds down, which errs towards hashing. Older files are hashed as before.
+    """
+    try:
+        status = target.stat()
+    except FileNotFoundError:
+        return False
+    return status.st_ctime_ns >= waiting_since_ns and status.st_size == len(data) == shard.size
 
 
 def _matches(data: bytes, shard: ShardInfo) -> bool:

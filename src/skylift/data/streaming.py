@@ -30,7 +30,7 @@ from skylift.data.shard_cache import ShardCache
 from skylift.data.shards import ShardIndex, ShardInfo, read_index, read_shard_samples
 from skylift.storage import Store, open_store
 
-__all__ = ["EvalStream", "StreamingDataset"]
+__all__ = ["EvalStream", "StreamingDataset", "TarSamples"]
 
 Decoder = Callable[[dict[str, bytes]], Any]
 
@@ -167,7 +167,7 @@ class _ShardReader:
 
     def __init__(self, dataset: StreamingDataset, cache: ShardCache, batches: list[list[int]]) -> None:
         self.dataset, self.cache = dataset, cache
-        self._parsed: OrderedDict[int, list[dict[str, bytes]]] = OrderedDict()
+        self._parsed: OrderedDict[int, TarSamples] = OrderedDict()
         self._upcoming = self._shard_sequence(dataset, batches)
         self._first_need = {shard: index for index, shard in reversed(list(enumerate(self._upcoming)))}
         self._position = 0
@@ -179,8 +179,7 @@ class _ShardReader:
     def sample(self, sample_id: int) -> dict[str, bytes]:
         shard_number, position = self.dataset.locate(sample_id)
         if shard_number not in self._parsed:
-            data = self._bytes(shard_number)
-            self._parsed[shard_number] = list(read_shard_samples(data))
+            self._parsed[shard_number] = TarSamples(self._bytes(shard_number))
             while len(self._parsed) > self.dataset.shuffle_block_shards + 1:
                 self._parsed.popitem(last=False)
         self._parsed.move_to_end(shard_number)
@@ -224,10 +223,81 @@ class _ShardReader:
         for batch in batches:
             for sample_id in batch:
                 shard_number = dataset.locate(sample_id)[0]
-                if not sequence or sequence[-1] != shard_number:
-                    if shard_number not in sequence[-dataset.shuffle_block_shards - 1 :]:
-                        sequence.append(shard_number)
+                if sequence and sequence[-1] == shard_number:
+                    continue
+                if shard_number not in sequence[-dataset.shuffle_block_shards - 1 :]:
+                    sequence.append(shard_number)
         return sequence
+
+
+class TarSamples:
+    """The samples of one tar shard, found by reading only its 512-byte member headers.
+
+    A sample's fields are copied out of the shard when it is asked for, so a worker that
+    uses half of a shard's samples (two workers share every shuffle block) copies half,
+    and no ``TarInfo`` objects are built: ``tarfile`` spent more time parsing headers
+    than the download took. The shard's bytes were verified against its sha256 before
+    they got here. Tars this does not know (pax or GNU headers, which ``ShardWriter``
+    never writes) go through :func:`~skylift.data.shards.read_shard_samples` instead,
+    with the same result.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        located = _locate_ustar_samples(data)
+        self._parsed = list(read_shard_samples(data)) if located is None else None
+        self._located = located or []
+
+    def __len__(self) -> int:
+        return len(self._parsed) if self._parsed is not None else len(self._located)
+
+    def __getitem__(self, position: int) -> dict[str, bytes]:
+        if self._parsed is not None:
+            return self._parsed[position]
+        data = self.data
+        return {name: data[start : start + size] for name, (start, size) in self._located[position].items()}
+
+    def __iter__(self) -> Iterator[dict[str, bytes]]:
+        return (self[position] for position in range(len(self)))
+
+
+_TAR_BLOCK = 512
+_REGULAR_TYPES = (b"0", b"\0", b"7")
+_SKIPPED_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, folders: not sample fields
+
+
+def _locate_ustar_samples(data: bytes) -> list[dict[str, tuple[int, int]]] | None:
+    """Per sample, field -> (offset, size) of its bytes; None for anything but plain POSIX ustar."""
+    samples: list[dict[str, tuple[int, int]]] = []
+    sample: dict[str, tuple[int, int]] = {}
+    current_key, offset = None, 0
+    while offset + _TAR_BLOCK <= len(data):
+        header = data[offset : offset + _TAR_BLOCK]
+        if header[0] == 0:  # end-of-archive blocks
+            break
+        typeflag, size_field = header[156:157], header[124:136]
+        if header[257:265] != b"ustar\x0000" or size_field[0] & 0x80:  # GNU, v7, or a base-256 size
+            return None
+        size = int(size_field.rstrip(b" \0") or b"0", 8)
+        start = offset + _TAR_BLOCK
+        offset = start + -(-size // _TAR_BLOCK) * _TAR_BLOCK
+        name = header[:100].split(b"\0", 1)[0]
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+        if typeflag in _SKIPPED_TYPES or name.endswith(b"/"):
+            continue
+        if typeflag not in _REGULAR_TYPES:
+            return None
+        key, _, field_name = name.decode("utf-8", "surrogateescape").partition(".")
+        if current_key is not None and key != current_key:
+            samples.append(sample)
+            sample = {}
+        current_key = key
+        sample[field_name] = (start, size)
+    if sample:
+        samples.append(sample)
+    return samples
 
 
 def _offsets(shards: list[ShardInfo]) -> list[int]:
@@ -266,7 +336,7 @@ class EvalStream(IterableDataset):
         cache = ShardCache(self.store, self.cache_dir, limit_bytes=self.cache_limit_bytes)
         pending: list[Any] = []
         for shard in self.shards:
-            for sample in read_shard_samples(cache.read(shard)):
+            for sample in TarSamples(cache.read(shard)):
                 pending.append(self.decode(sample))
                 if len(pending) == self.batch_size:
                     yield self.collate(pending)

@@ -7,11 +7,13 @@
    ``--repeats`` rounds; ``overhead_ratio`` = median samples/s on ÷ off (target >= 0.99).
 2. Autotune: a small CNN fed by skylift streaming from local shards of 128x128 JPEGs
    (decoding is the loader's work), trained with every ``data.num_workers`` of the
-   sweep's candidates (the grid) and with ``auto``, alternating; ``autotune_ratio_to_grid``
+   tuner's candidates (the grid) and with ``auto``, alternating; ``autotune_ratio_to_grid``
    = median samples/s of ``auto`` ÷ the best grid setting's median (target >= 0.95).
+   ``auto`` tries its candidates during the first steps of the run, so its timed
+   window starts once it has chosen (``--autotune-s`` per candidate).
 
 Steps are timed from the end of the warm-up steps to the last step's end, by a
-step-end callback (the sweep and worker start-up are outside the window).
+step-end callback (worker start-up is outside the window).
 ``python -m benchmarks.monitoring [--quick]`` writes ``benchmarks/results/monitoring.json``.
 """
 
@@ -43,6 +45,8 @@ MONITOR_OFF = ("monitor.system_interval_s=0", "monitor.breakdown_every_steps=0",
 MONITOR_FULL = ("monitor.system_interval_s=1", "monitor.breakdown_every_steps=10", "monitor.mfu=true",
                 "monitor.diagnose=true", "monitor.tensorboard=true", "monitor.usd_per_hour=3.06",
                 "monitor.on_demand_usd_per_hour=9.8")
+TIMED_STEPS = [40]
+"""The timed steps per run (set from the arguments; read by ``_timed`` for ``auto`` runs)."""
 JPEG_SIDE_PX = 128
 JPEG_BATCH = 32
 
@@ -53,10 +57,17 @@ def _timed(config_overrides: list[str], warmup_steps: int, samples_per_step: int
     trainer = Trainer(load_config(None, config_overrides), callbacks=[step_clock])
     trainer.fit()
     ends = step_clock.step_ends
+    tuner = trainer.tuner
+    if tuner is not None:  # time the run with its pick: from a step after the last switch
+        if tuner.decided_at_step is None:
+            raise RuntimeError("the tuner did not finish its trials; raise --autotune-extra-steps")
+        first = tuner.decided_at_step + warmup_steps
+        ends = ends[first - warmup_steps:first + TIMED_STEPS[0]]
     timed_steps = len(ends) - warmup_steps
     rates = window_rates(ends[warmup_steps - 1], ends[-1], samples_per_step * timed_steps, threads)
-    sweep = trainer.monitor.loader_sweep
-    return {**rates, "chosen_num_workers": sweep["chosen"] if sweep else None, "sweep": sweep}
+    sweep = tuner.as_record(0) if tuner is not None else None
+    return {**rates, "chosen_num_workers": tuner.chosen if tuner else None,
+            "sweep": {k: sweep[k] for k in ("chosen", "results")} if sweep else None}
 
 
 def _alternate(contenders: dict[str, list[str]], repeats: int, warmup_steps: int, samples_per_step: int,
@@ -130,7 +141,8 @@ def measure_autotune(args: argparse.Namespace, threads: int, cache_dir: str) -> 
             f"data.autotune_s_per_setting={args.autotune_s}",
         ]  # fmt: skip
         grid = {f"workers_{n}": [*base, f"data.num_workers={n}"] for n in default_candidates()}
-        contenders = {**grid, "auto": [*base, "data.num_workers=auto"]}
+        auto_steps = steps + args.autotune_extra_steps  # the trials come first
+        contenders = {**grid, "auto": [*base, "data.num_workers=auto", f"schedule.max_steps={auto_steps}"]}
         runs = _alternate(contenders, args.repeats, args.warmup_steps, JPEG_BATCH, threads)
     grid_medians = {name: _median(runs[name]) for name in grid}
     best = max(grid_medians, key=grid_medians.get)
@@ -153,13 +165,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, help="untimed steps per run (default 5, quick 2)")
     parser.add_argument("--timed-steps", type=int, help="timed steps per run (default 40, quick 4)")
     parser.add_argument("--images", type=int, help="JPEGs for the autotune workload (default 2048, quick 256)")
-    parser.add_argument("--autotune-s", type=float, default=1.0, help="seconds per sweep setting")
+    parser.add_argument("--autotune-s", type=float, default=1.0, help="seconds each candidate is timed for")
+    parser.add_argument("--autotune-extra-steps", type=int, default=30, help="steps added to auto runs for trials")
     parser.add_argument("--output", type=Path, help="JSON path (default benchmarks/results/monitoring.json)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.warmup_steps = args.warmup_steps or (2 if args.quick else 5)
     args.timed_steps = args.timed_steps or (4 if args.quick else 40)
-    args.images = args.images or (256 if args.quick else 2048)
+    args.images = args.images or (256 if args.quick else 3072)
+    TIMED_STEPS[0] = args.timed_steps
     args.output = args.output or RESULTS_DIR / f"monitoring{'_quick' if args.quick else ''}.json"
     return args
 

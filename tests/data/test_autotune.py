@@ -7,7 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from skylift.data.autotune import default_candidates, sweep_num_workers
+from skylift.data.autotune import LoaderTuner, default_candidates, sweep_num_workers
 from skylift.monitor.schema import read_records
 from skylift.train.trainer import Trainer
 from tests.monitor.test_schema import monitored_config
@@ -51,11 +51,27 @@ def test_candidates_follow_the_cpus():
     assert default_candidates(64)[-1] == 16
 
 
-def test_trainer_records_the_sweep(tmp_path):
-    config = monitored_config(tmp_path, "schedule.max_steps=4", "precision=fp32", "data.num_workers=auto",
-                              "data.autotune_s_per_setting=0.2")
-    Trainer(config).fit()
-    start = next(r for r in read_records(tmp_path / "metrics.jsonl") if r["kind"] == "run_start")
-    sweep = start["autotune"]
-    assert sweep["chosen"] in {int(n) for n in sweep["results"]}
-    assert set(sweep["results"]) >= {"0", "1"}
+def test_tuner_tries_each_candidate_then_keeps_the_fastest():
+    tuner = LoaderTuner([0, 1, 2], budget_s=0.0, warmup_steps=1, min_steps=2)
+    switches = []
+    for delay_s in [0.0, 0.02, 0.02, 0.0, 0.005, 0.005, 0.0, 0.01, 0.01]:  # candidate 1 is fastest
+        time.sleep(delay_s)
+        switches.append(tuner.after_step(samples=8))
+    assert switches == [None, None, 1, None, None, 2, None, None, 1]
+    assert tuner.done and tuner.chosen == 1 and set(tuner.results) == {0, 1, 2}
+
+
+def test_trainer_tunes_while_training_without_changing_the_run(tmp_path):
+    common = ["schedule.max_steps=24", "precision=fp32", "data.autotune_s_per_setting=0.05"]
+    Trainer(monitored_config(tmp_path / "auto", *common, "data.num_workers=auto")).fit()
+    Trainer(monitored_config(tmp_path / "fixed", *common, "data.num_workers=0")).fit()
+    auto = list(read_records(tmp_path / "auto" / "metrics.jsonl"))
+    tuned = next(r for r in auto if r["kind"] == "autotune")
+    assert set(tuned["results"]) == {str(n) for n in default_candidates()}
+    assert tuned["chosen"] in default_candidates()
+
+    def losses(records):
+        return [r["loss"] for r in records if r["kind"] == "train"]
+
+    # Switching loaders mid-epoch changes neither the batches nor their order.
+    assert losses(auto) == losses(read_records(tmp_path / "fixed" / "metrics.jsonl"))

@@ -87,9 +87,10 @@ def test_checkpoint_stall_advice_depends_on_async():
 
 
 def test_measured_sweep_becomes_the_advice():
-    sweep = {"chosen": 2, "results": {"0": 100.0, "2": 200.0, "6": 276.0}}
-    result = diagnose(_records(_breakdown(data_wait=0.43, forward_backward=0.57), autotune=sweep))
-    assert result["findings"][0]["advice"] == "data.num_workers 2 → 6 measured +38% loader samples/s"
+    tuned = {"kind": "autotune", "time": 1.0, "step": 9, "setting": "data.num_workers", "chosen": 2,
+             "results": {"0": 100.0, "2": 200.0, "6": 276.0}}
+    result = diagnose([*_records(_breakdown(data_wait=0.43, forward_backward=0.57)), tuned])
+    assert result["findings"][0]["advice"] == "data.num_workers 2 → 6 measured +38% samples/s"
 
 
 def test_only_the_newest_attempt_counts():

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
 from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
 from skylift.train.distributed import DistributedContext
 
-__all__ = ["Loaders", "build_loaders", "epoch_records", "samples_in_step"]
+__all__ = ["Loaders", "build_loaders", "epoch_records", "samples_in_step", "with_workers"]
 
 
 @dataclass
@@ -127,5 +127,32 @@ def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | No
         # the draw would shift the model's dropout stream whenever a resume starts an
         # iterator mid-epoch that the uninterrupted run started at the epoch's start.
         generator=torch.Generator().manual_seed(config.seed),
+        **batching,
+    )
+
+
+def with_workers(loader: DataLoader, num_workers: int) -> DataLoader:
+    """The same loader (dataset, batching, sampler object, collate) with ``num_workers``.
+
+    The batch order lives in the sampler (or the streamed dataset), not in the
+    workers, so after ``set_epoch(epoch, start_step)`` the new loader continues exactly
+    where the old one would have.
+    """
+    streamed = isinstance(loader.dataset, IterableDataset)
+    batching: dict[str, Any]
+    if streamed:
+        batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    elif loader.batch_size is None:
+        batching = {"batch_sampler": loader.batch_sampler}
+    else:
+        batching = {"batch_size": loader.batch_size, "sampler": loader.sampler, "drop_last": loader.drop_last}
+    return DataLoader(
+        loader.dataset,
+        num_workers=num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        # as in _loader: a streamed dataset gets its epoch in the main process, per iterator
+        persistent_workers=num_workers > 0 and not streamed,
+        generator=loader.generator,
         **batching,
     )

@@ -45,6 +45,7 @@ def diagnose(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     groups = _groups(shares)
     bound = _bound(groups)
     context = _Context(start, train, [r for r in attempt if r.get("kind") == "system"], step_s / len(sampled))
+    context.autotune = next((r for r in reversed(attempt) if r.get("kind") == "autotune"), context.autotune)
     findings = [
         *_input_findings(groups["input"], shares, context),
         *_compute_findings(groups["compute"], bound, context),
@@ -72,6 +73,7 @@ class _Context:
         self.mfu = mfus[-1] if mfus else None
         rates = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
         self.samples_per_s = rates[-1] if rates else None
+        self.autotune: dict[str, Any] | None = start.get("autotune")
 
 
 def _groups(shares: dict[str, float]) -> dict[str, float]:
@@ -113,7 +115,7 @@ def _input_findings(share: float, shares: dict[str, float], context: _Context) -
 
 
 def _loader_advice(context: _Context) -> str:
-    sweep = context.start.get("autotune")
+    sweep = context.autotune
     workers = context.start.get("data_num_workers")
     cpus = context.start.get("cpu_count")
     if sweep and sweep.get("results"):
@@ -122,7 +124,7 @@ def _loader_advice(context: _Context) -> str:
         chosen = sweep.get("chosen", workers)
         if best != chosen and chosen in results:
             gain = results[best] / results[chosen] - 1
-            return f"data.num_workers {chosen} → {best} measured {gain:+.0%} loader samples/s"
+            return f"data.num_workers {chosen} → {best} measured {gain:+.0%} samples/s"
         return (f"the loader is already at its measured best (num_workers {chosen}); decoding needs more CPU: "
                 "store pre-decoded or smaller samples (skylift shard), or pick an instance with more vCPUs per GPU")
     if workers is not None and cpus and workers < cpus:

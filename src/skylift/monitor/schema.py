@@ -15,6 +15,8 @@ cost            with each train flush when a price is known: dollars spent and p
 checkpoint      when a save finishes (committed or not)
 preemption      when a stop was agreed: reason, notice window, what was saved
 diagnosis       at the end of an attempt: what bounds the run and what to change
+epoch           at each epoch's start with token-budget batching: padding share
+autotune        when ``data.num_workers: auto`` has measured its candidates
 run_end         once per attempt, after the last step
 ==============  =============================================================================
 
@@ -202,6 +204,27 @@ class DiagnosisRecord(_Record):
     findings: list[Finding]
 
 
+class EpochRecord(_Record):
+    kind: Literal["epoch"]
+    epoch: int = Field(ge=0)
+    step: int = Field(ge=0)
+    batching: str
+    """``token_budget`` (the only batching that writes it so far)."""
+    padding_share: float = Field(ge=0, le=1)
+    """Share of the epoch's padded tokens that are padding."""
+
+
+class AutotuneRecord(_Record):
+    kind: Literal["autotune"]
+    step: int = Field(ge=0)
+    """Step at which the last trial ended and the choice took effect."""
+    setting: str
+    """What was tuned (``data.num_workers``)."""
+    chosen: int
+    results: dict[str, float]
+    """Training samples/s measured with each candidate."""
+
+
 class RunEndRecord(_Record):
     kind: Literal["run_end"]
     step: int = Field(ge=0)
@@ -219,6 +242,8 @@ MetricsRecord = (
     | CheckpointRecord
     | PreemptionRecord
     | DiagnosisRecord
+    | EpochRecord
+    | AutotuneRecord
     | RunEndRecord
 )
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Annotated[MetricsRecord, Field(discriminator="kind")])

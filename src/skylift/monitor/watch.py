@@ -51,7 +51,6 @@ class RunMonitor(Callback):
         self.device = device
         self.precision = precision
         self.started_at = time.time()
-        self.loader_sweep: dict[str, Any] | None = None
         self.resumed_from_step: int | None = None
         self._sampler: Any = None
         self._ledger: CostLedger | None = None
@@ -143,7 +142,6 @@ class RunMonitor(Callback):
             "cpu_count": _cpus(),
             "compile_enabled": config.compile.enabled,
             "checkpoint_async": config.checkpoint.async_save if config.checkpoint.enabled else None,
-            "autotune": self.loader_sweep,
             "time": time.time(),
         }
 

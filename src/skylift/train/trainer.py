@@ -140,6 +140,9 @@ class Trainer:
                 agreement=self.agreement,
                 control_group=control_group,
             )
+        self.tuner: Any = None  # a LoaderTuner with data.num_workers: auto
+        self._tuning_recorded = False
+        self._samples_before_step = 0
         self.clock = StepClock(
             config.monitor.breakdown_every_steps,
             self.runtime.device,
@@ -208,7 +211,7 @@ class Trainer:
         runtime = self.runtime
         pin_memory = self.config.data.pin_memory and runtime.device.type == "cuda"
         if self.config.data.num_workers == "auto":
-            self.config = self._tune_loader(pin_memory)
+            self.config = self._start_tuner()
         config = self.config
         loaders = build_loaders(config, self.recipe, runtime.dist, pin_memory=pin_memory)
         model = self.recipe.build_model(loaders.data)
@@ -220,27 +223,30 @@ class Trainer:
         val_loader = runtime.prepare_dataloader(loaders.val) if loaders.val is not None else None
         return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, train_loader, val_loader)
 
-    def _tune_loader(self, pin_memory: bool) -> RunConfig:
-        """Pick ``data.num_workers`` by measurement; every rank takes rank 0's pick."""
-        from skylift.data.autotune import sweep_num_workers
+    def _start_tuner(self) -> RunConfig:
+        """``data.num_workers: auto``: start with the first candidate; the loop tries the rest."""
+        from skylift.data.autotune import LoaderTuner, default_candidates
 
-        def batches(workers: int) -> Any:
-            trial = self.config.model_copy(deep=True)
-            trial.data.num_workers = workers
-            loaders = build_loaders(trial, self.recipe, self.runtime.dist, pin_memory=pin_memory)
-            loaders.order.set_epoch(0, start_step=0)
-            return loaders.train
+        self.tuner = LoaderTuner(default_candidates(), budget_s=self.config.data.autotune_s_per_setting)
+        first = self.config.model_copy(deep=True)
+        first.data.num_workers = self.tuner.current
+        return first
 
-        sweep = sweep_num_workers(batches, self.recipe.batch_size, budget_s=self.config.data.autotune_s_per_setting)
-        choice = [sweep.chosen]
-        if self.runtime.dist.is_distributed:
-            dist.broadcast_object_list(choice, src=0)
-        self.monitor.loader_sweep = {**sweep.as_record(), "chosen": choice[0]}
-        log.info("data.num_workers: auto -> %d (%s samples/s by setting)", choice[0],
-                 ", ".join(f"{n}: {rate:.0f}" for n, rate in sweep.results.items()))
-        tuned = self.config.model_copy(deep=True)
-        tuned.data.num_workers = choice[0]
-        return tuned
+    def _tune_step(self, parts: _Parts, state: TrainState, epoch: int, batches: Iterator[Any]) -> Iterator[Any]:
+        """Time the step for the tuner; on a switch, a loader with the next worker count
+        continues at the exact next batch (the order does not depend on workers)."""
+        tuner = self.tuner
+        switch = tuner.after_step(state.samples_seen - self._samples_before_step)
+        if tuner.done and not self._tuning_recorded and self.runtime.dist.is_main:
+            self._tuning_recorded = True
+            self.metrics.write_event(tuner.as_record(state.step))
+        if switch is None:
+            return batches
+        from skylift.data.loaders import with_workers
+
+        parts.train_loader = with_workers(parts.train_loader, switch)
+        parts.sampler.set_epoch(epoch, start_step=state.step - epoch * state.steps_per_epoch)
+        return iter(parts.train_loader)
 
     def _total_steps(self, sampler: Any) -> int:
         planned = sampler.steps_per_epoch * self.config.schedule.epochs
@@ -256,9 +262,14 @@ class Trainer:
                 self.metrics.write_event(record)
             self.events.fire(Event.EPOCH_START, state)
             batches = iter(parts.train_loader)
+            if self.tuner is not None:
+                self.tuner.restart_timing()
             self.clock.end_of_previous_step(state.step + 1)
             while state.step < min(state.total_steps, (epoch + 1) * state.steps_per_epoch):
+                self._samples_before_step = state.samples_seen
                 self._train_step(parts, state, batches)
+                if self.tuner is not None:
+                    batches = self._tune_step(parts, state, epoch, batches)
                 if self._after_step(state):
                     return
             last = state.step >= state.total_steps

@@ -45,39 +45,45 @@ MONITOR_OFF = ("monitor.system_interval_s=0", "monitor.breakdown_every_steps=0",
 MONITOR_FULL = ("monitor.system_interval_s=1", "monitor.breakdown_every_steps=10", "monitor.mfu=true",
                 "monitor.diagnose=true", "monitor.tensorboard=true", "monitor.usd_per_hour=3.06",
                 "monitor.on_demand_usd_per_hour=9.8")
-TIMED_STEPS = [40]
-"""The timed steps per run (set from the arguments; read by ``_timed`` for ``auto`` runs)."""
 JPEG_SIDE_PX = 128
 JPEG_BATCH = 32
 
 
-def _timed(config_overrides: list[str], warmup_steps: int, samples_per_step: int, threads: int) -> dict[str, Any]:
+def _timed(config_overrides: list[str], window_start: int, timed_steps: int, samples_per_step: int,
+           threads: int) -> dict[str, Any]:
+    """Samples/s over steps ``window_start + 1 .. window_start + timed_steps`` of one run.
+
+    An ``auto`` run's window starts no earlier than two steps after its last switch, so
+    it times the pick, over the same steps as the grid's runs when the trials end first.
+    """
     gc.collect()
     step_clock = StepClock()
     trainer = Trainer(load_config(None, config_overrides), callbacks=[step_clock])
     trainer.fit()
     ends = step_clock.step_ends
     tuner = trainer.tuner
-    if tuner is not None:  # time the run with its pick: from a step after the last switch
+    if tuner is not None:
         if tuner.decided_at_step is None:
-            raise RuntimeError("the tuner did not finish its trials; raise --autotune-extra-steps")
-        first = tuner.decided_at_step + warmup_steps
-        ends = ends[first - warmup_steps:first + TIMED_STEPS[0]]
-    timed_steps = len(ends) - warmup_steps
-    rates = window_rates(ends[warmup_steps - 1], ends[-1], samples_per_step * timed_steps, threads)
+            raise RuntimeError("the tuner did not finish its trials; raise --autotune-window-start")
+        window_start = max(window_start, tuner.decided_at_step + 2)
+    if len(ends) < window_start + timed_steps:
+        raise RuntimeError(f"run ended after {len(ends)} steps, before its timed window")
+    rates = window_rates(ends[window_start - 1], ends[window_start + timed_steps - 1],
+                         samples_per_step * timed_steps, threads)
     sweep = tuner.as_record(0) if tuner is not None else None
-    return {**rates, "chosen_num_workers": tuner.chosen if tuner else None,
+    return {**rates, "window_start": window_start, "chosen_num_workers": tuner.chosen if tuner else None,
             "sweep": {k: sweep[k] for k in ("chosen", "results")} if sweep else None}
 
 
-def _alternate(contenders: dict[str, list[str]], repeats: int, warmup_steps: int, samples_per_step: int,
-               threads: int) -> dict[str, list[dict[str, Any]]]:
+def _alternate(contenders: dict[str, list[str]], repeats: int, window_start: int, timed_steps: int,
+               samples_per_step: int, threads: int) -> dict[str, list[dict[str, Any]]]:
     names = list(contenders)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for repeat in range(repeats):
         for name in names[repeat % len(names):] + names[: repeat % len(names)]:
             with tempfile.TemporaryDirectory(prefix="skylift-bench-") as run_dir:
-                run = _timed([*contenders[name], f"run_dir={run_dir}"], warmup_steps, samples_per_step, threads)
+                run = _timed([*contenders[name], f"run_dir={run_dir}"], window_start, timed_steps,
+                             samples_per_step, threads)
             runs[name].append(run)
             print(f"  {repeat + 1}/{repeats} {name:<14} {run['samples_per_s']:8.2f} samples/s  "
                   f"CPU share {run['cpu_share']:.2f}" + (f"  chose {run['chosen_num_workers']}"
@@ -95,7 +101,7 @@ def measure_overhead(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     spec = RunSpec("fp32", data, args.warmup_steps, args.timed_steps)
     base = [o for o in skylift_overrides(spec, "unused") if not o.startswith(("run_dir=", "monitor.tensorboard"))]
     contenders = {"monitor_off": [*base, *MONITOR_OFF], "monitor_full": [*base, *MONITOR_FULL]}
-    runs = _alternate(contenders, args.repeats, args.warmup_steps, BATCH_SIZE, threads)
+    runs = _alternate(contenders, args.repeats, args.warmup_steps, args.timed_steps, BATCH_SIZE, threads)
     paired = [on["samples_per_s"] / off["samples_per_s"]
               for on, off in zip(runs["monitor_full"], runs["monitor_off"], strict=True)]
     return {
@@ -132,7 +138,7 @@ def write_jpeg_shards(folder: Path, count: int) -> str:
 def measure_autotune(args: argparse.Namespace, threads: int, cache_dir: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="skylift-jpeg-") as folder:
         url = write_jpeg_shards(Path(folder), args.images)
-        steps = args.warmup_steps + args.timed_steps
+        steps = args.autotune_window_start + args.timed_steps
         base = [
             "device=cpu", "precision=fp32", "model.name=small_cnn", "model.width=16", f"data.url={url}",
             f"data.cache_dir={cache_dir}", f"data.global_batch_size={JPEG_BATCH}", "schedule.epochs=100",
@@ -141,9 +147,10 @@ def measure_autotune(args: argparse.Namespace, threads: int, cache_dir: str) -> 
             f"data.autotune_s_per_setting={args.autotune_s}",
         ]  # fmt: skip
         grid = {f"workers_{n}": [*base, f"data.num_workers={n}"] for n in default_candidates()}
-        auto_steps = steps + args.autotune_extra_steps  # the trials come first
+        auto_steps = steps + args.autotune_extra_steps  # in case the trials outlast the window start
         contenders = {**grid, "auto": [*base, "data.num_workers=auto", f"schedule.max_steps={auto_steps}"]}
-        runs = _alternate(contenders, args.repeats, args.warmup_steps, JPEG_BATCH, threads)
+        runs = _alternate(contenders, args.repeats, args.autotune_window_start, args.timed_steps, JPEG_BATCH,
+                          threads)
     grid_medians = {name: _median(runs[name]) for name in grid}
     best = max(grid_medians, key=grid_medians.get)
     return {
@@ -166,14 +173,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timed-steps", type=int, help="timed steps per run (default 40, quick 4)")
     parser.add_argument("--images", type=int, help="JPEGs for the autotune workload (default 2048, quick 256)")
     parser.add_argument("--autotune-s", type=float, default=1.0, help="seconds each candidate is timed for")
+    parser.add_argument("--autotune-window-start", type=int, help="untimed steps of autotune-part runs (default 24)")
     parser.add_argument("--autotune-extra-steps", type=int, default=30, help="steps added to auto runs for trials")
+    parser.add_argument("--parts", default="overhead,autotune", help="overhead, autotune or both; a part not run "
+                        "keeps its figures from the existing output file")
     parser.add_argument("--output", type=Path, help="JSON path (default benchmarks/results/monitoring.json)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.warmup_steps = args.warmup_steps or (2 if args.quick else 5)
     args.timed_steps = args.timed_steps or (4 if args.quick else 40)
     args.images = args.images or (256 if args.quick else 3072)
-    TIMED_STEPS[0] = args.timed_steps
+    args.autotune_window_start = args.autotune_window_start or (12 if args.quick else 24)
     args.output = args.output or RESULTS_DIR / f"monitoring{'_quick' if args.quick else ''}.json"
     return args
 
@@ -184,11 +194,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     load_start = os.getloadavg()[0]
-    print("monitoring overhead (ResNet-18, CPU)")
-    overhead = measure_overhead(args, threads)
-    print("num_workers: auto vs the grid (JPEG shards)")
-    with tempfile.TemporaryDirectory(prefix="skylift-cache-") as cache_dir:
-        autotune = measure_autotune(args, threads, cache_dir)
+    parts = set(args.parts.split(","))
+    previous = json.loads(args.output.read_text()) if args.output.exists() else {}
+    overhead = previous.get("overhead")
+    if "overhead" in parts:
+        print("monitoring overhead (ResNet-18, CPU)")
+        overhead = measure_overhead(args, threads)
+    autotune = previous.get("autotune")
+    if "autotune" in parts:
+        print("num_workers: auto vs the grid (JPEG shards)")
+        with tempfile.TemporaryDirectory(prefix="skylift-cache-") as cache_dir:
+            autotune = measure_autotune(args, threads, cache_dir)
+    if overhead is None or autotune is None:
+        raise SystemExit(f"--parts {args.parts}: no earlier figures for the other part in {args.output}")
     result = {
         "overhead_ratio": overhead["overhead_ratio"],
         "autotune_ratio_to_grid": autotune["autotune_ratio_to_grid"],
@@ -197,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "autotune": autotune,
         "config": {
             "repeats": args.repeats, "warmup_steps": args.warmup_steps, "timed_steps": args.timed_steps,
-            "quick": args.quick, "load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0],
+            "quick": args.quick, "parts_run": sorted(parts), "load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0],
             "elapsed_s": round(clock()[0] - started, 1), **environment(threads, ("torch", "skylift")),
         },
     }

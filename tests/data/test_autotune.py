@@ -7,7 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from skylift.data.autotune import LoaderTuner, default_candidates, sweep_num_workers
+from skylift.data.autotune import LoaderTuner, default_candidates
 from skylift.monitor.schema import read_records
 from skylift.train.trainer import Trainer
 from tests.monitor.test_schema import monitored_config
@@ -24,25 +24,30 @@ class _WaitingSamples(Dataset):
         return torch.zeros(4), index
 
 
-def _batches(dataset):
-    return lambda workers: DataLoader(dataset, batch_size=16, num_workers=workers)
-
-
-def _batch_size(batch):
-    return int(batch[0].shape[0])
+def _tune(dataset, candidates):
+    """Drive the tuner over real DataLoaders, as the Trainer does: a new loader on each switch."""
+    tuner = LoaderTuner(candidates, budget_s=0.3, warmup_steps=3)
+    workers = tuner.current
+    while not tuner.done:
+        switch = None
+        for batch in DataLoader(dataset, batch_size=16, num_workers=workers):
+            switch = tuner.after_step(samples=int(batch[0].shape[0]))
+            if switch is not None or tuner.done:
+                break
+        workers = switch if switch is not None else workers
+    return tuner
 
 
 def test_workers_chosen_when_loading_waits():
-    sweep = sweep_num_workers(_batches(_WaitingSamples()), _batch_size, candidates=[0, 1, 2], budget_s=0.4)
-    assert set(sweep.results) == {0, 1, 2}
-    assert sweep.chosen == 2
-    assert sweep.results[2] > 1.2 * sweep.results[0]
+    tuner = _tune(_WaitingSamples(), [0, 1, 2])
+    assert set(tuner.results) == {0, 1, 2}
+    assert tuner.chosen == 2
+    assert tuner.results[2] > 1.2 * tuner.results[0]
 
 
 def test_no_workers_for_an_in_memory_dataset():
     data = TensorDataset(torch.randn(8192, 64), torch.zeros(8192))
-    sweep = sweep_num_workers(_batches(data), _batch_size, candidates=[0, 2], budget_s=0.3)
-    assert sweep.chosen == 0
+    assert _tune(data, [0, 2]).chosen == 0
 
 
 def test_candidates_follow_the_cpus():

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from skylift.monitor.cost import CostLedger, previous_spend_usd
+from skylift.monitor.schema import read_records
 
 
 def test_spend_projection_and_savings():
@@ -28,6 +29,6 @@ def test_earlier_attempts_carry_over(tmp_path):
         {"kind": "run_start", "time": 1}, {"kind": "cost", "usd_spent": 1.25, "attempt_usd": 0.25},
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert previous_spend_usd(path) == pytest.approx(1.25)
+    assert previous_spend_usd(read_records(path)) == pytest.approx(1.25)
     ledger = CostLedger(3.6, earlier_usd=1.25, started_at=time.time())
     assert ledger.record(step=0, total_steps=10, steps_per_epoch=5, seconds_per_step=None)["usd_spent"] >= 1.25

@@ -8,20 +8,16 @@ ledger reads what earlier attempts recorded in the same ``metrics.jsonl``.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
-
-from skylift.monitor.schema import read_records
 
 __all__ = ["CostLedger", "previous_spend_usd"]
 
 
-def previous_spend_usd(metrics_path: Path) -> float:
-    """Dollars recorded by earlier attempts in this run folder (their last ``cost`` records)."""
-    if not metrics_path.exists():
-        return 0.0
+def previous_spend_usd(records: Iterable[dict[str, Any]]) -> float:
+    """Dollars recorded by earlier attempts in a run folder's records (their last ``cost`` records)."""
     spent, attempt_spent = 0.0, 0.0
-    for record in read_records(metrics_path):
+    for record in records:
         if record.get("kind") == "run_start":
             spent += attempt_spent
             attempt_spent = 0.0

@@ -44,8 +44,7 @@ def diagnose(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     shares = {phase: round(totals[phase] / step_s, 4) for phase in BREAKDOWN_PHASES}
     groups = _groups(shares)
     bound = _bound(groups)
-    context = _Context(start, train, [r for r in attempt if r.get("kind") == "system"], step_s / len(sampled))
-    context.autotune = next((r for r in reversed(attempt) if r.get("kind") == "autotune"), context.autotune)
+    context = _Context(attempt, start, train, step_s / len(sampled))
     findings = [
         *_input_findings(groups["input"], shares, context),
         *_compute_findings(groups["compute"], bound, context),
@@ -64,16 +63,16 @@ def diagnose(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 class _Context:
-    def __init__(self, start: dict[str, Any], train: list[dict[str, Any]], system: list[dict[str, Any]],
+    def __init__(self, attempt: list[dict[str, Any]], start: dict[str, Any], train: list[dict[str, Any]],
                  step_s: float) -> None:
         self.start = start
-        self.system = system
+        self.system = [r for r in attempt if r.get("kind") == "system"]
         self.step_s = step_s
         mfus = [r["mfu"] for r in train if r.get("mfu") is not None]
         self.mfu = mfus[-1] if mfus else None
         rates = [r["samples_per_s"] for r in train if r.get("samples_per_s")]
         self.samples_per_s = rates[-1] if rates else None
-        self.autotune: dict[str, Any] | None = start.get("autotune")
+        self.autotune = next((r for r in reversed(attempt) if r.get("kind") == "autotune"), None)
 
 
 def _groups(shares: dict[str, float]) -> dict[str, float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import importlib.util
 import io
 import json
 import time
@@ -75,11 +74,9 @@ def find_diagnosis(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None
     recorded = next((r for r in reversed(records) if r.get("kind") == "diagnosis"), None)
     if recorded is not None:
         return recorded, f"written by the run at step {recorded.get('step', '?')}"
-    if importlib.util.find_spec("skylift.monitor.diagnosis") is None:
-        return None, "no diagnosis: this skylift version has no skylift.monitor.diagnosis"
-    try:
-        from skylift.monitor.diagnosis import diagnose
+    from skylift.monitor.diagnosis import diagnose
 
+    try:
         computed = diagnose(records)
     except Exception as error:  # noqa: BLE001 - a report must render whatever the diagnosis does
         return None, f"no diagnosis: diagnose() failed with {type(error).__name__}: {error}"

@@ -70,8 +70,9 @@ class RunMonitor(Callback):
 
             self._peak = device_peak(self.device, self.precision)
         if self.context.is_main:
-            self._open_ledger()
-            self.metrics.write_event(self._run_start(state))
+            earlier = list(_existing(self.metrics))  # earlier attempts of this run folder, read once
+            self._open_ledger(earlier)
+            self.metrics.write_event(self._run_start(state, earlier))
             self.metrics.after_flush.append(self._after_flush)
         if monitor.system_interval_s > 0 and self.context.local_rank == 0:
             self._start_sampler(monitor.system_interval_s)
@@ -98,6 +99,11 @@ class RunMonitor(Callback):
             self._sampler.stop()
             self._sampler = None
 
+    @property
+    def wants_flops(self) -> bool:
+        """Whether :meth:`count_flops` still has work (only the first step of an attempt)."""
+        return not self._flops_counted and self.config.monitor.mfu and self._peak is not None
+
     def count_flops(self, module: nn.Module, batch: Any, loss: Callable[[nn.Module, Any], torch.Tensor],
                     batch_size: int) -> None:
         """Count FLOPs per sample from the first micro-batch of ``batch_size`` samples (once per attempt).
@@ -105,8 +111,6 @@ class RunMonitor(Callback):
         Per sample is exact for fixed-size inputs; for token-budget batches of varying
         length it takes the first batch's mix as typical.
         """
-        if self._flops_counted or not self.config.monitor.mfu or self._peak is None:
-            return
         self._flops_counted = True
         from skylift.monitor.flops import count_step_flops
 
@@ -116,10 +120,10 @@ class RunMonitor(Callback):
 
     # -- parts ----------------------------------------------------------------------
 
-    def _run_start(self, state: TrainState) -> dict[str, Any]:
+    def _run_start(self, state: TrainState, earlier: list[dict[str, Any]]) -> dict[str, Any]:
         config = self.config
         peak = self._peak
-        attempt = 1 + sum(1 for r in _existing(self.metrics) if r.get("kind") == "run_start")
+        attempt = 1 + sum(1 for r in earlier if r.get("kind") == "run_start")
         world_size = self.context.world_size
         return {
             "kind": "run_start",
@@ -145,14 +149,14 @@ class RunMonitor(Callback):
             "time": time.time(),
         }
 
-    def _open_ledger(self) -> None:
+    def _open_ledger(self, earlier: list[dict[str, Any]]) -> None:
         price = self.config.monitor.usd_per_hour
         if price is None:
             return
         self._ledger = CostLedger(
             price,
             on_demand_usd_per_hour=self.config.monitor.on_demand_usd_per_hour,
-            earlier_usd=previous_spend_usd(self.metrics.run_dir.metrics_path),
+            earlier_usd=previous_spend_usd(earlier),
             started_at=self.started_at,
         )
 

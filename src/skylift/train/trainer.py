@@ -295,8 +295,9 @@ class Trainer:
             clock.mark("data_wait")
             batch = runtime.to_device(batch)
             clock.mark("host_to_device")
-            self.monitor.count_flops(runtime.unwrap(parts.model), batch, recipe.training_loss,
-                                     recipe.batch_size(batch))
+            if self.monitor.wants_flops:
+                self.monitor.count_flops(runtime.unwrap(parts.model), batch, recipe.training_loss,
+                                         recipe.batch_size(batch))
             with runtime.autocast():
                 loss = recipe.training_loss(parts.model, batch)
             runtime.backward(loss)

@@ -208,6 +208,8 @@ def describe_setup(args: argparse.Namespace, workload: Workload, threads: int) -
         "optimizer": "AdamW (foreach), after >= 1 step", "scheduler": "LambdaLR", "batch": BATCH_SIZE,
         "keep": KEEP, "repeats": args.repeats, "warmup_saves": args.warmup_saves,
         "steps_between": args.steps_between, "poll_interval_s": args.poll_interval_s, "quick": args.quick,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else None,
         "targets": args.targets, "order": "per target: warm-up, then sync/async alternating",
         "targets_from_issue": {"async_stall_ratio_max": TARGET_STALL_RATIO,
                                "notice_to_commit_s_max": TARGET_NOTICE_TO_COMMIT_S},
@@ -225,13 +227,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps-between", type=int, default=1, help="training steps after each save")
     parser.add_argument("--poll-interval-s", type=float, default=1.0, help="metadata poll interval (AWS default 5)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains")
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--output", type=Path, help="JSON path (default benchmarks/results/checkpoint.json)")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.width = args.width or (512 if args.quick else 2048)
     args.depth = args.depth or (8 if args.quick else 24)
-    args.output = args.output or RESULTS_DIR / f"checkpoint{'_quick' if args.quick else ''}.json"
+    suffix = ("_cuda" if args.device == "cuda" else "") + ("_quick" if args.quick else "")
+    args.output = args.output or RESULTS_DIR / f"checkpoint{suffix}.json"
     if min(args.repeats, args.steps_between, args.width, args.depth) < 1 or args.warmup_saves < 0:
         parser.error("--repeats, --steps-between, --width and --depth must be >= 1, --warmup-saves >= 0")
     return args
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started_s = time.perf_counter()
     threads = args.threads
     torch.set_num_threads(threads)
-    workload = build_workload(args.width, args.depth)
+    workload = build_workload(args.width, args.depth, args.device)
     print(f"model: {workload.parameters / 1e6:.1f}M parameters; targets {args.targets}", flush=True)
     load_start = os.getloadavg()[0]
     results = {name: measure_target(name, workload, args) for name in args.targets}

@@ -6,7 +6,7 @@ import os
 import platform
 import statistics
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
@@ -78,5 +78,12 @@ def environment(threads: int, packages: tuple[str, ...]) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "threads": threads,
         "python": platform.python_version(),
-        "versions": {name: version(name) for name in packages},
+        "versions": {name: _version_or_none(name) for name in packages},
     }
+
+
+def _version_or_none(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:  # e.g. moto on a GPU machine that runs only local targets
+        return None

@@ -8,6 +8,7 @@ metrics and progress to callbacks, the task to the :class:`~skylift.recipes.base
 from __future__ import annotations
 
 import logging
+import os
 import random
 import sys
 import time
@@ -367,6 +368,10 @@ class Trainer:
         np.random.seed(seed)
         torch.manual_seed(seed)
         if self.config.deterministic:
+            # cuBLAS is deterministic only with a fixed workspace; the variable is read
+            # when its first handle is created, which is after this point.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.backends.cudnn.benchmark = False
             torch.use_deterministic_algorithms(True)
 
     def _prepare_run_dir(self) -> None:

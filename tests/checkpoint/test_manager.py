@@ -151,3 +151,45 @@ def test_async_save_copies_in_the_background_but_before_the_next_optimizer_step(
     saved = load(store.read_bytes("step-1/model.safetensors"))
     for name, tensor in expected.items():
         assert torch.equal(saved[name], tensor)
+
+
+def test_cancel_stops_a_large_file_within_a_piece(store):
+    """An emergency save cancels the older save in flight mid-file, not after the file."""
+    import threading
+
+    big = nn.Linear(4096, 2048, bias=False)  # one 32 MiB tensor: two 16 MiB pieces
+    pieces, first_piece_written, release = [], threading.Event(), threading.Event()
+
+    class Gate:
+        """The store sees the chunks through this: it pauses after the first piece."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def write_chunks(self, key, make_chunks):
+            def gated():
+                if not key.endswith("model.safetensors"):
+                    yield from make_chunks()
+                    return
+                for chunk in make_chunks():
+                    pieces.append(len(memoryview(chunk).cast("B")))
+                    if len(pieces) >= 2:
+                        first_piece_written.set()
+                        release.wait(10)
+                    yield chunk
+            self.inner.write_chunks(key, gated)
+
+    manager = CheckpointManager(Gate(store), rank=0, world_size=1, keep=2, async_save=True)
+    result = manager.save(_capture(big, 1), 1)
+    assert first_piece_written.wait(30)
+    manager.cancel_in_flight()
+    release.set()
+    manager.wait()
+    manager.close()
+    assert not result.committed and "cancelled" in result.error
+    assert sum(pieces) < 32 * 2**20, "the rest of the tensor was handed to the store after the cancel"
+    assert committed_steps(store) == []
+    assert not any(key.startswith("step-1/") for key in store.list())

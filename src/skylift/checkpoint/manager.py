@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -37,6 +37,7 @@ from skylift.checkpoint.manifest import (
 )
 from skylift.checkpoint.state import Snapshot
 from skylift.storage import Store
+from skylift.storage.base import Chunks
 
 __all__ = ["CheckpointManager", "SaveResult"]
 
@@ -147,7 +148,7 @@ class CheckpointManager:
         return waited
 
     def cancel_in_flight(self) -> None:
-        """Abandon the save in flight at its next file boundary (it will not commit)."""
+        """Abandon the save in flight at its next chunk (it will not commit)."""
         if self.busy:
             self._cancel.set()
 
@@ -172,7 +173,7 @@ class CheckpointManager:
             snapshot.complete_copies()
             for name, make_chunks in snapshot.files():
                 self._raise_if_cancelled()
-                hashed, entry = hashing(make_chunks)
+                hashed, entry = hashing(self._cancellable(make_chunks))
                 self.store.write_chunks(f"{folder}/{name}", hashed)
                 entries[name] = entry
                 fault_point("during_payload", step=snapshot.step, rank=self.rank)
@@ -190,6 +191,17 @@ class CheckpointManager:
             if self._on_failure is not None:
                 self._on_failure(result.error or "unknown error")
         return result
+
+    def _cancellable(self, make_chunks: Chunks) -> Chunks:
+        """Chunks that stop at a cancel: an emergency save must not first wait for the
+        rest of a large file of the older save (an aborted upload leaves nothing)."""
+
+        def chunks() -> Iterator[bytes | memoryview]:
+            for chunk in make_chunks():
+                self._raise_if_cancelled()
+                yield chunk
+
+        return chunks
 
     def _raise_if_cancelled(self) -> None:
         if self._cancel.is_set():

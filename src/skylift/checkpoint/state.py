@@ -223,6 +223,9 @@ _SAFETENSORS_DTYPES = {
 }
 
 
+_PIECE_BYTES = 16 * 2**20
+
+
 def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> Iterator[bytes | memoryview]:
     """The safetensors format (https://github.com/huggingface/safetensors#format): an
     8-byte little-endian header length, a JSON header padded to 8 bytes, then each
@@ -244,7 +247,11 @@ def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> Iterator[bytes | me
     for name in names:
         tensor = tensors[name].contiguous()
         if tensor.numel():
-            yield memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+            view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+            # Pieces, not whole tensors: a cancelled save stops within one piece even
+            # in a multi-gigabyte embedding.
+            for start in range(0, len(view), _PIECE_BYTES):
+                yield view[start : start + _PIECE_BYTES]
 
 
 def _split_optimizer(

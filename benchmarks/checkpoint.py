@@ -41,6 +41,7 @@ from benchmarks.common import clock, environment
 from benchmarks.thread_cpu import ThreadCpu
 from skylift.checkpoint.manager import CheckpointManager, SaveResult
 from skylift.checkpoint.manifest import read_manifest
+from skylift.checkpoint.tiers import LocalTier
 
 RESULTS_DIR = Path(__file__).parent / "results"
 KEEP = 2
@@ -68,7 +69,7 @@ def sync_sample(manager: CheckpointManager, workload: Workload, steps_between: i
         window = seconds_between(start, clock())
     return {
         "step": step, "sync_save_s": window["wall_s"], "capture_s": result.stall_s,
-        "write_commit_s": result.write_s, "cpu_s": window["cpu_s"], "cpu_per_wall": window["cpu_per_wall"],
+        "write_commit_s": result.write_s, "local_commit_s": result.local_commit_s, "cpu_s": window["cpu_s"], "cpu_per_wall": window["cpu_per_wall"],
         "thread_cpu_s": threads.by_group_s(), "train_step_s": workload.train(steps_between),
     }  # fmt: skip
 
@@ -98,9 +99,11 @@ def async_sample(manager: CheckpointManager, workload: Workload, steps_between: 
 
 def measure_saves(workload: Workload, target: Target, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     managers = {
-        mode: CheckpointManager(target.store, rank=0, world_size=1, keep=KEEP, async_save=mode == "async")
+        mode: CheckpointManager(target.store, rank=0, world_size=1, keep=KEEP, async_save=mode == "async",
+                                tier=LocalTier(target.local_root, target.store, node_leader=True)
+                                if target.local_root else None)
         for mode in ("sync", "async")
-    }
+    }  # fmt: skip
     measure = {"sync": sync_sample, "async": async_sample}
     samples: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
     try:
@@ -109,12 +112,25 @@ def measure_saves(workload: Workload, target: Target, args: argparse.Namespace) 
         for repeat in range(args.repeats):
             for mode in ("sync", "async") if repeat % 2 == 0 else ("async", "sync"):
                 gc.collect()
+                server_cpu_before_s = _server_cpu_s(target)
                 samples[mode].append(measure[mode](managers[mode], workload, args.steps_between))
+                if server_cpu_before_s is not None:
+                    samples[mode][-1]["server_cpu_s"] = round(_server_cpu_s(target) - server_cpu_before_s, 3)
                 print(f"  {target.name} {repeat + 1}/{args.repeats} {mode:<5} {brief(samples[mode][-1])}", flush=True)
     finally:
         for manager in managers.values():
             manager.close()
     return samples
+
+
+def _server_cpu_s(target: Target) -> float | None:
+    """CPU seconds the object-store server process (moto) has used so far."""
+    if target.server_pid is None:
+        return None
+    import psutil
+
+    times = psutil.Process(target.server_pid).cpu_times()
+    return times.user + times.system
 
 
 def brief(sample: dict[str, Any]) -> str:
@@ -153,6 +169,14 @@ def median_of(samples: list[dict[str, Any]], key: str) -> float:
 def summarize(saves: dict[str, list[dict[str, Any]]], notices: list[dict[str, Any]], size_bytes: int) -> dict:
     sync_save_s, async_stall_s = median_of(saves["sync"], "sync_save_s"), median_of(saves["async"], "async_stall_s")
     by_scenario = {notice["scenario"]: notice["notice_to_commit_s"] for notice in notices}
+    tiered = {}
+    if saves["sync"][0].get("local_commit_s") is not None:
+        tiered = {
+            "sync_local_commit_s": round(median_of(saves["sync"], "local_commit_s"), 4),
+            "notice_to_upload_by_scenario_s": {notice["scenario"]: notice["notice_to_upload_s"] for notice in notices},
+        }
+    if "server_cpu_s" in saves["sync"][0]:
+        tiered["sync_save_server_cpu_s"] = round(median_of(saves["sync"], "server_cpu_s"), 3)
     return {
         "async_stall_s": round(async_stall_s, 4),
         "sync_save_s": round(sync_save_s, 4),
@@ -166,6 +190,7 @@ def summarize(saves: dict[str, list[dict[str, Any]]], notices: list[dict[str, An
         "train_step_s_after_sync_save": round(statistics.median(_steps(saves["sync"])), 4),
         "train_step_s_during_async_write": round(statistics.median(_steps(saves["async"])), 4),
         "bytes_per_checkpoint": size_bytes,
+        **tiered,
         "samples": saves,
         "notices": notices,
     }

@@ -88,6 +88,15 @@ def print_report(report: dict[str, Any]) -> None:
     console = Console(width=160)
     console.print(_cost_table(report))
     console.print(_cpu_table(report))
+    for name, row in report["results"].items():
+        if "sync_save_server_cpu_s" in row:
+            console.print(f"{name}: the S3 server (moto) used {row['sync_save_server_cpu_s']:.1f} CPU s per sync save "
+                          f"of {row['sync_save_s']:.1f} s")
+        if "sync_local_commit_s" in row:
+            upload = row["notice_to_upload_by_scenario_s"]
+            console.print(f"{name}: committed on the local disk {row['sync_local_commit_s']:.2f} s into a sync save; "
+                          f"after a notice, in S3 too at {upload['idle']:.2f} s (idle), "
+                          f"{upload['during_save']:.2f} s (during a save)")
     console.print(
         f"load average (1 min) {config['load_average_1m_start']:.2f} at start, {config['load_average_1m_end']:.2f} "
         f"at end, on {config['cpu_count']} CPUs; peak RSS {config['peak_rss_bytes'] / 1e9:.1f} GB (this process; "

@@ -39,6 +39,8 @@ class Target:
     cleanup: list[Callable[[], None]] = field(default_factory=list)
     server_pid: int | None = None
     """The object-store server's process, to report its CPU share."""
+    local_root: str | None = None
+    """``checkpoint.local_root``: commit on the local disk first, then upload."""
 
     def sibling(self, suffix: str) -> tuple[str, Store]:
         """Another root next to this one: (url, store)."""
@@ -75,4 +77,17 @@ def s3_target() -> Target:
     return target
 
 
-TARGETS: dict[str, Callable[[], Target]] = {"local": local_target, "s3": s3_target}
+def s3_with_local_copy_target() -> Target:
+    """S3 as above, with ``checkpoint.local_root`` in a temporary folder on the local disk."""
+    target = s3_target()
+    folder = tempfile.mkdtemp(prefix="skylift-bench-node-disk-")
+    target.name, target.local_root = "s3_with_local_copy", folder
+    target.cleanup.append(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return target
+
+
+TARGETS: dict[str, Callable[[], Target]] = {
+    "local": local_target,
+    "s3": s3_target,
+    "s3_with_local_copy": s3_with_local_copy_target,
+}

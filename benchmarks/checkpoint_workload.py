@@ -60,13 +60,14 @@ class Workload:
     def capture_for(self, step: int, defer: bool = False) -> Callable[[], Snapshot]:
         """What ``CheckpointManager.save`` is given: skylift's capture of this state.
 
-        ``defer`` is what the Trainer does for background saves: parameters and optimizer
+        As in the Trainer, a save written before training goes on (not ``defer``)
+        writes host tensors from where they are. ``defer`` is what the Trainer does for background saves: parameters and optimizer
         state are copied by the writer thread while the next forward/backward runs.
         """
         counters = {"step": step, "epoch": 0, "samples_seen": step * BATCH_SIZE}
         return lambda: capture(
             step=step, rank=0, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            scaler=None, counters=counters, buffers=self.buffers, defer=defer,
+            scaler=None, counters=counters, buffers=self.buffers, defer=defer, reference_host_tensors=not defer,
         )  # fmt: skip
 
     def before_optimizer_step(self, *_: object) -> None:

@@ -74,6 +74,19 @@ def test_snapshot_is_a_copy_not_a_view():
         assert torch.equal(tensor, frozen[name])
 
 
+def test_blocking_capture_writes_host_tensors_in_place_and_the_same_bytes():
+    model, optimizer, scheduler, _ = _objects()
+    _step(model, optimizer, scheduler)
+    options = dict(step=1, rank=0, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
+                   counters={"step": 1, "epoch": 0, "samples_seen": 4})
+    copied = capture(**options)
+    in_place = capture(**options, reference_host_tensors=True)
+    weight = in_place.tensors["model.safetensors"]["0.weight"]
+    assert weight.data_ptr() == model[0].weight.data_ptr(), "no copy for a save written before training goes on"
+    assert copied.tensors["model.safetensors"]["0.weight"].data_ptr() != model[0].weight.data_ptr()
+    assert in_place.serialize() == copied.serialize()
+
+
 def test_other_ranks_save_only_their_rng():
     model, optimizer, scheduler, _ = _objects()
     snapshot = capture(step=1, rank=3, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None, counters={})

@@ -36,6 +36,7 @@ from skylift.checkpoint.manifest import (
     step_folders,
 )
 from skylift.checkpoint.state import Snapshot
+from skylift.checkpoint.tiers import LocalTier
 from skylift.storage import Store
 from skylift.storage.base import Chunks
 
@@ -58,6 +59,13 @@ class SaveResult:
         self.stall_s = 0.0
         self.write_s = 0.0
         self.finished = False
+        self.local_commit_s: float | None = None
+        """With a local tier: seconds from the save's start to its local commit."""
+        self.local_committed_at: float | None = None
+        """With a local tier: Unix time of the local commit."""
+        self.uploaded: bool | None = None
+        """With a local tier: whether the root's copy committed too (None: no tier)."""
+        self.upload_error: str | None = None
 
 
 class CheckpointManager:
@@ -70,6 +78,7 @@ class CheckpointManager:
         async_save: write in a background thread.
         group: a gloo process group reserved for checkpoint commits (distributed only).
         on_commit_failure: called (in the writer thread) with the error when a save is abandoned.
+        tier: a node-local copy committed first, then uploaded to ``store`` (see tiers.py).
     """
 
     def __init__(
@@ -82,6 +91,7 @@ class CheckpointManager:
         async_save: bool,
         group: Any = None,
         on_commit_failure: Callable[[str], None] | None = None,
+        tier: LocalTier | None = None,
     ) -> None:
         if keep < 2:
             raise ValueError(f"checkpoint.keep must be >= 2, got {keep}")
@@ -90,6 +100,7 @@ class CheckpointManager:
         self.keep = keep
         self._group = group
         self._on_failure = on_commit_failure
+        self.tier = tier
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="skylift-checkpoint") if async_save else None
         self._in_flight: Future[SaveResult] | None = None
         self._copying: Snapshot | None = None
@@ -166,22 +177,13 @@ class CheckpointManager:
 
     def _write_and_commit(self, snapshot: Snapshot, result: SaveResult) -> SaveResult:
         started = time.perf_counter()
-        entries: dict[str, dict[str, Any]] = {}
-        error = None
-        folder = step_folder(snapshot.step)
-        try:
-            snapshot.complete_copies()
-            for name, make_chunks in snapshot.files():
-                self._raise_if_cancelled()
-                hashed, entry = hashing(self._cancellable(make_chunks))
-                self.store.write_chunks(f"{folder}/{name}", hashed)
-                entries[name] = entry
-                fault_point("during_payload", step=snapshot.step, rank=self.rank)
-            fault_point("after_payload", step=snapshot.step, rank=self.rank)
-            self._raise_if_cancelled()
-        except Exception as failure:  # any failure abandons this save on every rank
-            error = f"rank {self.rank}: {type(failure).__name__}: {failure}"
-        result.committed, result.error = self._commit(snapshot.step, entries, error)
+        first = self.tier.store if self.tier is not None else self.store
+        entries, error = self._write_files(snapshot, first)
+        result.committed, result.error = self._commit(snapshot.step, entries, error, first)
+        if result.committed and self.tier is not None:
+            result.local_commit_s = time.perf_counter() - started
+            result.local_committed_at = time.time()
+            self._upload(snapshot.step, entries, result)
         result.write_s = time.perf_counter() - started
         result.finished = True
         if result.committed:
@@ -191,6 +193,37 @@ class CheckpointManager:
             if self._on_failure is not None:
                 self._on_failure(result.error or "unknown error")
         return result
+
+    def _write_files(self, snapshot: Snapshot, store: Store) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """This rank's files of the snapshot into ``store``: (name -> size and sha256, error)."""
+        entries: dict[str, dict[str, Any]] = {}
+        folder = step_folder(snapshot.step)
+        try:
+            snapshot.complete_copies()
+            for name, make_chunks in snapshot.files():
+                self._raise_if_cancelled()
+                hashed, entry = hashing(self._cancellable(make_chunks))
+                store.write_chunks(f"{folder}/{name}", hashed)
+                entries[name] = entry
+                fault_point("during_payload", step=snapshot.step, rank=self.rank)
+            fault_point("after_payload", step=snapshot.step, rank=self.rank)
+            self._raise_if_cancelled()
+        except Exception as failure:  # any failure abandons this save on every rank
+            return entries, f"rank {self.rank}: {type(failure).__name__}: {failure}"
+        return entries, None
+
+    def _upload(self, step: int, entries: dict[str, dict[str, Any]], result: SaveResult) -> None:
+        """Second commit, from the local copy to the root; the local commit stands either way."""
+        assert self.tier is not None
+        error = None
+        try:
+            self.tier.upload(step, entries)
+            fault_point("after_upload", step=step, rank=self.rank)
+        except Exception as failure:  # any failure abandons the upload on every rank
+            error = f"rank {self.rank}: upload: {type(failure).__name__}: {failure}"
+        result.uploaded, result.upload_error = self._commit(step, entries, error, self.store)
+        if not result.uploaded:
+            log.error("checkpoint step %d kept only on this node's disk: %s", step, result.upload_error)
 
     def _cancellable(self, make_chunks: Chunks) -> Chunks:
         """Chunks that stop at a cancel: an emergency save must not first wait for the
@@ -207,46 +240,53 @@ class CheckpointManager:
         if self._cancel.is_set():
             raise SaveCancelled("cancelled for an emergency save of a newer step")
 
-    def _commit(self, step: int, entries: dict[str, dict[str, Any]], error: str | None) -> tuple[bool, str | None]:
+    def _commit(
+        self, step: int, entries: dict[str, dict[str, Any]], error: str | None, store: Store
+    ) -> tuple[bool, str | None]:
+        """All ranks report; rank 0 writes ``store``'s manifest if every rank succeeded."""
         reports = self._gather((entries, error))
-        decision: list[Any] = [False, None]
+        decision: list[Any] = [False, None, None]
         if self.rank == 0:
             errors = [report[1] for report in reports if report[1]]
-            decision = [False, "; ".join(errors)] if errors else self._write_manifest(step, reports)
+            decision = [False, "; ".join(errors), None] if errors else self._write_manifest(step, reports, store)
             if not decision[0]:
-                self._discard(step)
+                self._discard(step, store)
         if self.world_size > 1:
             dist.broadcast_object_list(decision, src=0, group=self._group)
+        local_copy = self.tier is not None and store is self.tier.store
+        if local_copy and self.rank != 0 and self.tier.node_leader:
+            # Other nodes' local copies: their ranks' files are in place, so commit them too.
+            if decision[0] and decision[2] is not None:
+                self.tier.write_manifest(step, decision[2])
+                self.tier.retain(self.keep)
+            elif not decision[0]:
+                self.tier.discard(step)
         return bool(decision[0]), decision[1]
 
-    def _write_manifest(self, step: int, reports: list[tuple[dict, str | None]]) -> list[Any]:
+    def _write_manifest(self, step: int, reports: list[tuple[dict, str | None]], store: Store) -> list[Any]:
         files: dict[str, dict[str, Any]] = {}
         for report_entries, _ in reports:
             files.update(report_entries)
+        encoded = Manifest.create(step, self.world_size, files).encode()
         try:
-            manifest = Manifest.create(step, self.world_size, files)
-            self.store.write_bytes(f"{step_folder(step)}/{MANIFEST}", manifest.encode())
+            store.write_bytes(f"{step_folder(step)}/{MANIFEST}", encoded)
             fault_point("after_manifest", step=step, rank=self.rank)
-            self.store.write_bytes(LATEST, f"{step_folder(step)}\n".encode())
-            self._apply_retention()
+            store.write_bytes(LATEST, f"{step_folder(step)}\n".encode())
+            for old in committed_steps(store)[: -self.keep]:
+                store.delete_prefix(step_folder(old))
         except Exception as failure:
-            if self.store.exists(f"{step_folder(step)}/{MANIFEST}"):
+            if store.exists(f"{step_folder(step)}/{MANIFEST}"):
                 # Committed; only LATEST or retention failed, which the next save repairs.
                 log.warning("checkpoint step %d committed, but bookkeeping failed: %s", step, failure)
-                return [True, None]
-            return [False, f"rank 0: manifest: {type(failure).__name__}: {failure}"]
-        return [True, None]
+                return [True, None, encoded]
+            return [False, f"rank 0: manifest: {type(failure).__name__}: {failure}", None]
+        return [True, None, encoded]
 
-    def _apply_retention(self) -> None:
-        steps = committed_steps(self.store)
-        for old in steps[: -self.keep]:
-            self.store.delete_prefix(step_folder(old))
-
-    def _discard(self, step: int) -> None:
+    def _discard(self, step: int, store: Store) -> None:
         try:
-            self.store.delete_prefix(step_folder(step))
+            store.delete_prefix(step_folder(step))
         except Exception as failure:  # the next start removes it; never mask the save error
-            log.warning("could not remove abandoned %s: %s", step_folder(step), failure)
+            log.warning("could not remove abandoned %s: %s", store.describe(step_folder(step)), failure)
 
     def _gather(self, report: tuple[dict, str | None]) -> list[tuple[dict, str | None]]:
         if self.world_size == 1:

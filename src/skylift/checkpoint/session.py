@@ -20,9 +20,9 @@ import torch.distributed as dist
 from skylift.checkpoint.lease import LeaseHeldError, RunLease
 from skylift.checkpoint.manager import CheckpointManager, SaveResult
 from skylift.checkpoint.manifest import (
+    CorruptCheckpointError,
     Manifest,
     committed_steps,
-    find_latest_valid,
     read_manifest,
     read_verified,
 )
@@ -38,7 +38,9 @@ from skylift.checkpoint.state import (
 )
 from skylift.config.schema import CheckpointConfig
 from skylift.errors import SkyliftConfigError
-from skylift.storage import Store, open_store
+from skylift.checkpoint.tiers import LocalTier, manifest_with_fallback, read_with_fallback
+from skylift.storage import StorageError, Store, open_store
+from skylift.storage.local import LocalStore
 from skylift.train.agreement import Decision, StepAgreement, StopReason
 from skylift.train.distributed import DistributedContext
 from skylift.train.events import TrainState
@@ -76,6 +78,7 @@ class Checkpointing:
         self._control_group = control_group
         self.store: Store = open_store(config.root or str(run_dir / "checkpoints"), endpoint_url=config.endpoint_url)
         commit_group = dist.new_group(backend="gloo") if context.is_distributed else None
+        self.tier = self._local_tier(config, context)
         self.manager = CheckpointManager(
             self.store,
             rank=context.rank,
@@ -84,11 +87,13 @@ class Checkpointing:
             async_save=config.async_save,
             group=commit_group,
             on_commit_failure=self._on_save_failure,
+            tier=self.tier,
         )
         self.lease = RunLease(self.store, ttl_s=config.lease_ttl_s) if context.is_main else None
         self.objects: TrainingObjects | None = None
         self._buffers: dict[str, Any] = {}  # host copies reused between saves
         self._recorded = 0
+        self._resumed_from = ""  # with a local tier: how many files came from it
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
         self.stall_between_steps_s = 0.0
@@ -106,6 +111,8 @@ class Checkpointing:
         error = self._broadcast(error)
         if error:
             raise LeaseHeldError(error)
+        if self.tier is not None and self.tier.node_leader:
+            self.tier.remove_uncommitted()
 
     def resume(self, objects: TrainingObjects, state: TrainState) -> int | None:
         """Restore the checkpoint ``checkpoint.resume`` selects; return its step."""
@@ -115,12 +122,8 @@ class Checkpointing:
             # forward and backward run; only the optimizer step must wait for it.
             objects.optimizer.register_step_pre_hook(self._before_optimizer_step)
         step, contents = self._select()
-        step = self._broadcast(step)
         if step is None:
             return None
-        if not self.context.is_main or contents is None:
-            manifest = read_manifest(self.store, step)
-            contents = read_verified(self.store, step, manifest, self._names_for_this_rank(manifest))
         counters = restore_replicated(
             contents,
             model=objects.model,
@@ -131,7 +134,7 @@ class Checkpointing:
         self._restore_rng(contents, step)
         state.step, state.epoch, state.samples_seen = counters["step"], counters["epoch"], counters["samples_seen"]
         self._last_saved_step = step
-        log.info("resumed from %s (step %d)", self.store.describe(f"step-{step}"), step)
+        log.info("resumed from %s%s", self.store.describe(f"step-{step}"), self._resumed_from)
         return step
 
     def _before_optimizer_step(self, *_: Any) -> None:
@@ -157,11 +160,18 @@ class Checkpointing:
                     "stall_s": round(result.stall_s, 4),
                     "write_s": round(result.write_s, 4),
                     "error": result.error,
+                    **self._tier_fields(result),
                     "time": time.time(),
                 }
             )
             self._recorded += 1
         return records
+
+    def _tier_fields(self, result: SaveResult) -> dict[str, Any]:
+        if self.tier is None:
+            return {}
+        local_s = None if result.local_commit_s is None else round(result.local_commit_s, 4)
+        return {"local_commit_s": local_s, "uploaded": result.uploaded, "upload_error": result.upload_error}
 
     def due(self, state: TrainState, decision: Decision) -> bool:
         """Whether to save at this step (the same answer on every rank).
@@ -206,6 +216,7 @@ class Checkpointing:
                 counters=counters,
                 buffers=self._buffers,
                 defer=self.config.async_save and not blocking,
+                reference_host_tensors=blocking or not self.config.async_save,
             ),
             state.step,
             blocking=blocking,
@@ -237,6 +248,9 @@ class Checkpointing:
             )
         now = time.time()
         window_s = decision.deadline_s - noticed_at_s
+        # With a local tier the checkpoint exists once committed locally; the upload
+        # that follows is reported apart.
+        local_at = result.local_committed_at if result is not None and result.committed else None
         return {
             "kind": "preemption",
             "step": state.step,
@@ -244,7 +258,9 @@ class Checkpointing:
             "seconds_left_at_notice": None if math.isinf(window_s) else round(window_s, 3),
             "saved": bool(result and result.committed) or self._last_saved_step == state.step,
             "checkpoint_step": committed.step if committed else None,
-            "notice_to_commit_s": round(now - noticed_at_s, 3),
+            "notice_to_commit_s": round((local_at or now) - noticed_at_s, 3),
+            **({"notice_to_upload_s": round(now - noticed_at_s, 3) if result and result.uploaded else None}
+               if self.tier is not None else {}),
             "time": now,
         }
 
@@ -260,27 +276,74 @@ class Checkpointing:
             self.lease.release()
 
     def _select(self) -> tuple[int | None, dict[str, bytes] | None]:
-        """Rank 0 picks the checkpoint; contents are returned to avoid a second read."""
-        if not self.context.is_main:
-            return None, None
+        """The checkpoint ``checkpoint.resume`` selects, agreed by all ranks, with this
+        rank's files of it (read and verified)."""
         choice = self.config.resume
         if choice == "never":
-            existing = committed_steps(self.store)
-            if existing:
-                raise SkyliftConfigError(
-                    f"checkpoint.resume is 'never' but {self.store.url} already holds checkpoints "
-                    f"(steps {existing}); use --resume auto, or a new checkpoint.root"
-                )
+            self._refuse_existing()
             return None, None
-        if choice == "auto":
-            found = find_latest_valid(self.store)
-            if found is None:
-                return None, None
-            manifest, contents = found
-            return manifest.step, contents
-        return self._explicit(choice)
+        if choice != "auto":
+            step = self._broadcast(self._explicit(choice) if self.context.is_main else None)
+            manifest = read_manifest(self.store, step)  # raises CorruptCheckpointError: no fallback
+            return step, read_verified(self.store, step, manifest, self._names_for_this_rank(manifest))
+        for step in self._candidates():
+            contents, problem = self._try_read(step)
+            problems = self._gather_all(problem)
+            if not any(problems):
+                return step, contents
+            for rank, rank_problem in enumerate(problems):
+                if rank_problem and (rank == self.context.rank or self.context.is_main):
+                    log.warning("skipping checkpoint %s: %s", self.store.describe(f"step-{step}"), rank_problem)
+        return None, None
 
-    def _explicit(self, location: str) -> tuple[int, dict[str, bytes]]:
+    def _candidates(self) -> list[int]:
+        """Steps committed in the root or in any node's local copy, newest first."""
+        steps = set(committed_steps(self.store)) if self.context.is_main else set()
+        if self.tier is not None and self.tier.node_leader:
+            steps.update(self.tier.committed_steps())
+        union = set().union(*self._gather_all(steps))
+        return sorted(union, reverse=True)
+
+    def _try_read(self, step: int) -> tuple[dict[str, bytes] | None, str | None]:
+        local = self.tier.store if self.tier is not None else None
+        try:
+            manifest = manifest_with_fallback(step, local, self.store)
+            contents, sources = read_with_fallback(step, self._names_for_this_rank(manifest), local, self.store)
+        except (CorruptCheckpointError, StorageError) as error:
+            return None, str(error)
+        if local is not None:
+            from_local = sum(source == "local" for source in sources.values())
+            self._resumed_from = f": {from_local} of {len(sources)} files from the local copy {local.url}"
+        return contents, None
+
+    def _refuse_existing(self) -> None:
+        existing = sorted(set(self._candidates()))
+        if existing:
+            where = self.store.url + (f" or {self.tier.store.url}" if self.tier is not None else "")
+            raise SkyliftConfigError(
+                f"checkpoint.resume is 'never' but {where} already holds checkpoints "
+                f"(steps {existing}); use --resume auto, or a new checkpoint.root"
+            )
+
+    def _gather_all(self, value: Any) -> list[Any]:
+        if not self.context.is_distributed:
+            return [value]
+        values: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(values, value, group=self._control_group)
+        return values
+
+    def _local_tier(self, config: CheckpointConfig, context: DistributedContext) -> LocalTier | None:
+        if config.local_root is None:
+            return None
+        if isinstance(self.store, LocalStore):
+            raise SkyliftConfigError(
+                f"checkpoint.local_root is set but checkpoint.root ({self.store.url}) is a local folder; a local "
+                "copy only helps in front of an object store: set checkpoint.root to an s3://, oss:// or cos:// "
+                "URL, or drop checkpoint.local_root"
+            )
+        return LocalTier(config.local_root, self.store, node_leader=context.local_rank == 0)
+
+    def _explicit(self, location: str) -> int:
         parent, _, name = location.rstrip("/").rpartition("/")
         if not name.startswith("step-") or not name[5:].isdigit():
             raise SkyliftConfigError(f"checkpoint.resume: {location!r} is not a step-N checkpoint folder")
@@ -289,9 +352,7 @@ class Checkpointing:
                 f"checkpoint.resume: {location!r} is not under checkpoint.root {self.store.url!r}; "
                 "set checkpoint.root to its parent"
             )
-        step = int(name[5:])
-        manifest = read_manifest(self.store, step)  # raises CorruptCheckpointError: no fallback
-        return step, read_verified(self.store, step, manifest)
+        return int(name[5:])
 
     def _names_for_this_rank(self, manifest: Manifest) -> list[str]:
         names = [MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE]
@@ -305,9 +366,14 @@ class Checkpointing:
             log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)", step, self.context.rank)
 
     def _save_estimate_s(self) -> float | None:
-        """The fastest of the last three saves: background saves are slowed by the
-        training running beside them, which would overstate a blocking save."""
-        done = [result.stall_s + result.write_s for result in self.manager.history if result.committed]
+        """The fastest of the last three saves (to the local commit, with a local tier):
+        background saves are slowed by the training running beside them, which would
+        overstate a blocking save."""
+        done = [
+            result.stall_s + (result.write_s if result.local_commit_s is None else result.local_commit_s)
+            for result in self.manager.history
+            if result.committed
+        ]
         return min(done[-3:]) if done else None
 
     def _any_rank_busy(self) -> bool:

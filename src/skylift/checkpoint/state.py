@@ -97,6 +97,7 @@ def capture(
     counters: dict[str, Any],
     buffers: dict[str, torch.Tensor] | None = None,
     defer: bool = False,
+    reference_host_tensors: bool = False,
 ) -> Snapshot:
     """Copy this rank's share of the state (rank 0 also the replicated part).
 
@@ -109,8 +110,14 @@ def capture(
     ``optimizer.step()`` until ``snapshot.copied`` is set. Forward and backward of the
     next step overlap the copy; model buffers (BatchNorm statistics change in forward),
     RNG, schedule and counters are copied now.
+
+    With ``reference_host_tensors``, tensors already in host memory are written from
+    where they are, not copied: only for a save that is written before training goes
+    on (a blocking save), where a copy would cost time and memory (a preemption's
+    save: ~1 s per GB) for nothing.
     """
     copier = _HostCopier(buffers if buffers is not None else {})
+    copier.reference_host_tensors = reference_host_tensors
     snapshot = Snapshot(step)
     rng_tensors_file, rng_json_file = rng_files(rank)
     snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
@@ -192,6 +199,7 @@ class _HostCopier:
     def __init__(self, buffers: dict[str, torch.Tensor]) -> None:
         self.buffers = buffers
         self.defer = False
+        self.reference_host_tensors = False
         self.deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._from_cuda = False
 
@@ -199,6 +207,8 @@ class _HostCopier:
         # A copy, never a view: training goes on mutating the live tensors while the
         # snapshot is written in the background.
         value = value.detach()
+        if self.reference_host_tensors and not value.is_cuda:
+            return value
         buffer = self.buffers.get(key)
         if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
             pinned = value.is_cuda and torch.cuda.is_available()

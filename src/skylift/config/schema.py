@@ -260,6 +260,14 @@ class CheckpointConfig(_Section):
     (oss://) or ``SKYLIFT_COS_ENDPOINT_URL`` (cos://). Credentials always come from the
     environment or the cloud's credential chain, never from the config."""
 
+    local_root: str | None = None
+    """A folder on this node's own disk that also holds every checkpoint, in front of an
+    object-store ``root``. Each save commits here first (seconds), then uploads from here
+    to ``root``; ``--resume auto`` reads each file from here when its copy verifies, else
+    from ``root``. Pays off where the disk outlives the process: a crash or OOM restart
+    on the same machine, or a spot VM that is stopped rather than deleted (GCP's and
+    Azure's default; AWS with interruption behaviour ``stop``). ``null``: off."""
+
     every_steps: int | None = Field(default=None, ge=1)
     """Save every this many optimizer steps (``null``: not by step count)."""
 

@@ -171,6 +171,11 @@ class CheckpointRecord(_Record):
     stall_s: float
     write_s: float
     error: str | None = None
+    local_commit_s: float | None = None
+    """With ``checkpoint.local_root``: seconds to the local commit (``write_s`` includes the upload)."""
+    uploaded: bool | None = None
+    """With ``checkpoint.local_root``: whether the copy in ``checkpoint.root`` committed too."""
+    upload_error: str | None = None
 
 
 class PreemptionRecord(_Record):
@@ -181,6 +186,9 @@ class PreemptionRecord(_Record):
     saved: bool
     checkpoint_step: int | None
     notice_to_commit_s: float
+    notice_to_upload_s: float | None = None
+    """With ``checkpoint.local_root``: notice to the root's commit (``notice_to_commit_s``
+    is to the local commit); ``null`` if the upload did not commit."""
 
 
 class Finding(BaseModel):

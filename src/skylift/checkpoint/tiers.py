@@ -1,0 +1,172 @@
+"""A node-local copy of every checkpoint in front of an object-store root.
+
+With ``checkpoint.local_root`` set, a save commits twice: first to a folder on this
+node's disk (seconds), then, from those files, to ``checkpoint.root`` (minutes for a
+large model). Each commit is the same protocol (files, then a manifest written last),
+so each copy is complete and verified or invisible on its own.
+
+Resume reads every file from the local copy when that copy verifies against the
+manifest, and from the root otherwise. On a node other than rank 0's, the local copy
+holds only that node's ranks' files (the manifest lists all of them), so the rest come
+from the root. That makes a crash or an OOM restart on the same machine resume without
+downloading, and keeps a checkpoint whose upload a preemption cut short where the disk
+outlives the VM (a stopped or deallocated spot VM).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from skylift.checkpoint.manifest import (
+    MANIFEST,
+    CorruptCheckpointError,
+    Manifest,
+    committed_steps,
+    file_entry,
+    hashing,
+    read_manifest,
+    step_folder,
+    step_folders,
+)
+from skylift.errors import SkyliftConfigError
+from skylift.storage import StorageError, StorageNotFoundError, Store
+from skylift.storage.local import LocalStore
+
+__all__ = ["LocalTier", "manifest_with_fallback", "read_with_fallback"]
+
+log = logging.getLogger("skylift")
+_READ_PIECE_BYTES = 16 * 2**20
+
+
+class LocalTier:
+    """The local copies of one run's checkpoints on this node.
+
+    Args:
+        local_root: ``checkpoint.local_root``.
+        remote: the checkpoint root the copies belong to (its URL names the subfolder,
+            so two runs sharing a local folder never see each other's checkpoints).
+        node_leader: this process tends the node's folder (local rank 0).
+    """
+
+    def __init__(self, local_root: str, remote: Store, *, node_leader: bool) -> None:
+        if "://" in local_root:
+            raise SkyliftConfigError(
+                f"checkpoint.local_root: {local_root!r} is a URL; it must be a folder on this node's disk"
+            )
+        run_key = hashlib.sha256(remote.url.encode()).hexdigest()[:16]
+        self.store = LocalStore(Path(local_root) / run_key)
+        self.remote = remote
+        self.node_leader = node_leader
+
+    def upload(self, step: int, entries: dict[str, dict]) -> None:
+        """Copy this rank's files of ``step`` to the root, checking each against its entry.
+
+        Raises:
+            CorruptCheckpointError: a local file changed since it was written.
+        """
+        folder = step_folder(step)
+        for name, expected in entries.items():
+            key = f"{folder}/{name}"
+            hashed, actual = hashing(lambda key=key: _file_pieces(self.store.path(key)))
+            self.remote.write_chunks(key, hashed)
+            if actual != expected:
+                raise CorruptCheckpointError(
+                    f"{self.store.describe(key)} changed on disk before its upload "
+                    f"(expected sha256 {expected['sha256']}, read {actual.get('sha256')})"
+                )
+
+    def write_manifest(self, step: int, manifest: bytes) -> None:
+        """The local commit point on a node other than rank 0's (rank 0 commits through the manager)."""
+        self.store.write_bytes(f"{step_folder(step)}/{MANIFEST}", manifest)
+
+    def discard(self, step: int) -> None:
+        try:
+            self.store.delete_prefix(step_folder(step))
+        except OSError as failure:  # the next start removes it; never mask the save's error
+            log.warning("could not remove abandoned local %s: %s", step_folder(step), failure)
+
+    def retain(self, keep: int) -> None:
+        for old in committed_steps(self.store)[:-keep]:
+            self.store.delete_prefix(step_folder(old))
+
+    def remove_uncommitted(self) -> None:
+        """Delete local ``step-N/`` folders without a manifest (node leaders, at start)."""
+        for step, names in step_folders(self.store).items():
+            if MANIFEST not in names:
+                log.warning("removing abandoned partial checkpoint %s", self.store.describe(step_folder(step)))
+                self.store.delete_prefix(step_folder(step))
+
+    def committed_steps(self) -> list[int]:
+        return committed_steps(self.store)
+
+
+def read_with_fallback(
+    step: int, names: list[str], local: Store | None, remote: Store
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Read and verify ``names`` of checkpoint ``step``: each from ``local`` if its copy
+    verifies there, else from ``remote``.
+
+    Returns:
+        (contents, where each file came from: ``local`` or ``remote``).
+
+    Raises:
+        CorruptCheckpointError: a file verifies in neither place, or no manifest does.
+    """
+    manifest = manifest_with_fallback(step, local, remote)
+    folder = step_folder(step)
+    contents: dict[str, bytes] = {}
+    sources: dict[str, str] = {}
+    for name in names:
+        key = f"{folder}/{name}"
+        expected = manifest.files.get(name)
+        if expected is None:
+            raise CorruptCheckpointError(f"{remote.describe(key)} is not listed in the manifest")
+        problems = []
+        for label, store in (("local", local), ("remote", remote)):
+            if store is None:
+                continue
+            problem = _read_verified_file(store, key, expected, contents, name)
+            if problem is None:
+                sources[name] = label
+                break
+            problems.append(problem)
+        else:
+            raise CorruptCheckpointError("; ".join(problems))
+        if problems and sources[name] == "remote" and not problems[0].endswith("is missing"):
+            log.warning("used the root's copy: %s", problems[0])
+    return contents, sources
+
+
+def _read_verified_file(store: Store, key: str, expected: dict, contents: dict[str, bytes], name: str) -> str | None:
+    """Put the file into ``contents`` if it verifies; else say why not."""
+    try:
+        data = store.read_bytes(key)
+    except StorageNotFoundError:
+        return f"{store.describe(key)} is missing"
+    actual = file_entry(data)
+    if actual != expected:
+        return (
+            f"{store.describe(key)} does not match the manifest: expected {expected['size']} bytes, sha256 "
+            f"{expected['sha256']}; found {actual['size']} bytes, sha256 {actual['sha256']}"
+        )
+    contents[name] = data
+    return None
+
+
+def manifest_with_fallback(step: int, local: Store | None, remote: Store) -> Manifest:
+    """The local manifest if it reads and lists a complete checkpoint, else the root's."""
+    if local is not None:
+        try:
+            return read_manifest(local, step)
+        except (CorruptCheckpointError, StorageError, OSError):
+            pass
+    return read_manifest(remote, step)
+
+
+def _file_pieces(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        while piece := handle.read(_READ_PIECE_BYTES):
+            yield piece

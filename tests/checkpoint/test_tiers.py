@@ -1,0 +1,129 @@
+"""``checkpoint.local_root``: commit on this node's disk first, then upload to S3; resume
+reads each file locally when its copy verifies, else from S3 (a moto server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from skylift.checkpoint.manifest import committed_steps
+from skylift.storage import open_store
+from tests.checkpoint.runs import assert_same_run, records, summary, train
+
+KILLED = -9
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture
+def tiered(moto_server, s3_bucket, tmp_path):
+    """(overrides, env, remote store, local folder) for a run with both tiers."""
+    url = f"s3://{s3_bucket}/run"
+    local = tmp_path / "node-disk"
+    overrides = [f"checkpoint.root={url}", f"checkpoint.local_root={local}"]
+    env = {"SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url}
+    return overrides, env, open_store(url, endpoint_url=moto_server.endpoint_url), local
+
+
+def _local_store(local):
+    (folder,) = [path for path in local.iterdir() if path.is_dir()]
+    return open_store(str(folder))
+
+
+def test_every_save_commits_locally_and_in_the_root(tiered, tmp_path):
+    overrides, env, remote, local = tiered
+    result = train(tmp_path / "run", *overrides, "schedule.max_steps=21", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    local_store = _local_store(local)
+    assert committed_steps(remote) == committed_steps(local_store) == [7, 14, 21]  # keep: 3
+    for step in (7, 14, 21):
+        local_manifest = json.loads(local_store.read_bytes(f"step-{step}/manifest.json"))
+        remote_manifest = json.loads(remote.read_bytes(f"step-{step}/manifest.json"))
+        assert local_manifest["files"] == remote_manifest["files"]
+    saves = records(tmp_path / "run", "checkpoint")
+    assert saves and all(save["uploaded"] and 0 < save["local_commit_s"] <= save["write_s"] for save in saves)
+
+
+def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, reference, tmp_path):
+    """The upload of step 28 is cut short: S3's newest is 21, the node's disk has 28."""
+    overrides, env, remote, local = tiered
+    run_dir = tmp_path / "run"
+    killed = train(run_dir, *overrides, env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28"})
+    assert killed.returncode == KILLED, killed.stderr[-2000:]
+    assert committed_steps(remote)[-1] == 21
+    assert committed_steps(_local_store(local))[-1] == 28
+
+    resumed = train(run_dir, *overrides, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 28
+    assert f"6 of 6 files from the local copy {local}" in resumed.stderr
+    assert_same_run(run_dir, reference)
+
+
+def test_corrupt_local_file_is_read_from_the_root_instead(tiered, reference, tmp_path):
+    overrides, env, remote, local = tiered
+    run_dir = tmp_path / "run"
+    # Synchronous saves: step 28 is in both places when step 30 ends.
+    killed = train(run_dir, *overrides, "checkpoint.async_save=false",
+                   env={**env, "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
+    assert killed.returncode == KILLED
+    model_file = _local_store(local).path("step-28/model.safetensors")
+    data = bytearray(model_file.read_bytes())
+    data[-3] ^= 0x01
+    model_file.write_bytes(bytes(data))
+
+    resumed = train(run_dir, *overrides, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 28
+    assert "step-28/model.safetensors does not match the manifest" in resumed.stderr
+    assert "used the root's copy" in resumed.stderr
+    assert_same_run(run_dir, reference)
+
+
+def test_lost_local_disk_resumes_from_the_root(tiered, reference, tmp_path):
+    import shutil
+
+    overrides, env, remote, local = tiered
+    run_dir = tmp_path / "run"
+    # Synchronous saves: step 28 is in both places when step 30 ends.
+    killed = train(run_dir, *overrides, "checkpoint.async_save=false",
+                   env={**env, "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
+    assert killed.returncode == KILLED
+    shutil.rmtree(local)  # a new VM: the node's disk is gone, S3 is not
+
+    resumed = train(run_dir, *overrides, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 28
+    assert_same_run(run_dir, reference)
+
+
+def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path):
+    result = train(tmp_path / "run", f"checkpoint.local_root={tmp_path / 'disk'}")
+    assert result.returncode == 2
+    assert "checkpoint.local_root" in result.stderr and "object store" in result.stderr
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiered, tmp_path):
+    overrides, env, remote, local = tiered
+    reference = tmp_path / "reference"
+    assert train(reference, nproc=2).returncode == 0
+    run_dir = tmp_path / "run"
+    crashed = train(run_dir, *overrides, "preemption.grace_s=5", nproc=2,
+                    env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28:rank=1"})
+    assert crashed.returncode != 0
+    assert committed_steps(remote)[-1] == 21, "the root never saw step 28's manifest"
+    assert committed_steps(_local_store(local))[-1] == 28
+
+    resumed = train(run_dir, *overrides, nproc=2, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 28
+    assert summary(run_dir)["replicas_agree"] is True
+    assert_same_run(run_dir, reference)

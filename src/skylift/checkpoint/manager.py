@@ -159,7 +159,8 @@ class CheckpointManager:
         return waited
 
     def cancel_in_flight(self) -> None:
-        """Abandon the save in flight at its next chunk (it will not commit)."""
+        """Abandon the save in flight at its next chunk: it will not commit (with a local
+        tier, a save already committed locally keeps that copy and stops its upload)."""
         if self.busy:
             self._cancel.set()
 
@@ -217,7 +218,9 @@ class CheckpointManager:
         assert self.tier is not None
         error = None
         try:
-            self.tier.upload(step, entries)
+            # An emergency save cancels this upload too: its step stays committed on
+            # the local disk, and the newer step goes first.
+            self.tier.upload(step, entries, wrap=self._cancellable)
             fault_point("after_upload", step=step, rank=self.rank)
         except Exception as failure:  # any failure abandons the upload on every rank
             error = f"rank {self.rank}: upload: {type(failure).__name__}: {failure}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from skylift.checkpoint.manifest import (
@@ -33,6 +33,7 @@ from skylift.checkpoint.manifest import (
 )
 from skylift.errors import SkyliftConfigError
 from skylift.storage import StorageError, StorageNotFoundError, Store
+from skylift.storage.base import Chunks
 from skylift.storage.local import LocalStore
 
 __all__ = ["LocalTier", "manifest_with_fallback", "read_with_fallback"]
@@ -61,8 +62,11 @@ class LocalTier:
         self.remote = remote
         self.node_leader = node_leader
 
-    def upload(self, step: int, entries: dict[str, dict]) -> None:
+    def upload(self, step: int, entries: dict[str, dict], wrap: Callable[[Chunks], Chunks] = lambda make: make) -> None:
         """Copy this rank's files of ``step`` to the root, checking each against its entry.
+
+        ``wrap`` sees every file's pieces on their way (the manager stops a cancelled
+        upload with it).
 
         Raises:
             CorruptCheckpointError: a local file changed since it was written.
@@ -70,7 +74,7 @@ class LocalTier:
         folder = step_folder(step)
         for name, expected in entries.items():
             key = f"{folder}/{name}"
-            hashed, actual = hashing(lambda key=key: _file_pieces(self.store.path(key)))
+            hashed, actual = hashing(wrap(lambda key=key: _file_pieces(self.store.path(key))))
             self.remote.write_chunks(key, hashed)
             if actual != expected:
                 raise CorruptCheckpointError(

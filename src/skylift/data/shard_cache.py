@@ -3,8 +3,9 @@
 Downloads are verified against the index's sha256, written via a temporary file and
 rename, and guarded by an ``flock`` per shard so that concurrent workers download each
 shard once (the lock dies with its process, so a killed worker never wedges others).
-A cached copy is hashed again when read, unless the lock holder verified it while the
-reader waited for the lock (see :func:`_verified_while_waiting`).
+A verified copy gets a stamp of its file identity (inode, size, mtime, ctime); a
+cached copy is hashed again when read unless its stamp still matches, that is unless
+nothing has changed the file since it was verified (see :func:`_stamped`).
 When the cache passes its limit, the least recently used shards go first.
 """
 
@@ -14,7 +15,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import time
 import uuid
 from pathlib import Path
 
@@ -51,14 +51,9 @@ class ShardCache:
         Shards in ``keep`` (the ones a reader still needs) are never evicted for this one.
         """
         target = self.path(shard)
-        waiting_since_ns = time.time_ns()
         with _locked(self.root / f".{shard.name}.lock"):
             data = target.read_bytes() if target.is_file() else None
-            if data is not None and _verified_while_waiting(target, data, shard, waiting_since_ns):
-                # No utime: only a holder that hashed the bytes may make the ctime fresh,
-                # and the holder's touch already made this shard recent.
-                return data
-            if data is not None and not _matches(data, shard):
+            if data is not None and not _stamped(target, shard) and not _matches(data, shard):
                 log.warning("cached shard %s failed its sha256 check; fetching it again", shard.name)
                 target.unlink(missing_ok=True)
                 data = None
@@ -75,8 +70,7 @@ class ShardCache:
                         os.replace(temporary, target)
                 finally:
                     temporary.unlink(missing_ok=True)
-            else:
-                os.utime(target)  # recency for LRU eviction
+            _stamp(target, shard)  # verified now, and recently used
         return data
 
     def _download(self, shard: ShardInfo) -> bytes:
@@ -105,38 +99,60 @@ class ShardCache:
                 path.unlink()
             except FileNotFoundError:  # another worker evicted it first
                 pass
+            _stamp_path(path).unlink(missing_ok=True)
             total -= size
 
     def cached_bytes(self) -> int:
         return sum(size for _, size, _ in self._entries())
 
     def _entries(self) -> list[tuple[float, int, Path]]:
-        """(mtime, size, path) of each cached shard; files vanishing meanwhile are skipped."""
+        """(last use, size, path) of each cached shard; files vanishing meanwhile are skipped."""
         entries = []
         for path in self.root.glob("shard-*.tar"):
             try:
-                status = path.stat()
+                size = path.stat().st_size
+                used = _stamp_path(path).stat().st_mtime if _stamp_path(path).exists() else 0.0
             except FileNotFoundError:
                 continue
-            entries.append((status.st_mtime, status.st_size, path))
+            entries.append((used, size, path))
         return entries
 
 
-def _verified_while_waiting(target: Path, data: bytes, shard: ShardInfo, waiting_since_ns: int) -> bool:
-    """Whether the holder of the shard's lock verified ``target`` while this reader waited for it.
+def _stamp_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.verified")
 
-    Every reader (DataLoader worker) of a rank needs every shard, so the others queue on
-    the lock of the one downloading it. The lock holder changes the file's ctime only
-    after verifying its bytes (publishing it, or touching it for LRU recency), so a ctime
-    at or after the moment this reader started waiting means it was just verified, and
-    hashing it again would only repeat the work. The kernel's ctime clock is coarse and
-    rounds down, which errs towards hashing. Older files are hashed as before.
+
+def _identity(target: Path, shard: ShardInfo) -> str:
+    """What a verified copy looks like from outside: any write to the file, a rename
+    over it, even a ``touch -m`` that restores the mtime, changes its ctime or inode."""
+    status = target.stat()
+    return f"{shard.sha256} {status.st_ino} {status.st_size} {status.st_mtime_ns} {status.st_ctime_ns}\n"
+
+
+def _stamp(target: Path, shard: ShardInfo) -> None:
+    """Record that ``target`` matched ``shard``'s sha256 as it is now (its stamp's mtime
+    is also the shard's last use, for eviction: the shard itself is never touched, or
+    its ctime would change)."""
+    stamp = _stamp_path(target)
+    identity = _identity(target, shard)
+    if stamp.is_file() and stamp.read_text() == identity:
+        os.utime(stamp)
+        return
+    temporary = stamp.with_name(f"{stamp.name}.{uuid.uuid4().hex}.tmp")
+    temporary.write_text(identity)
+    os.replace(temporary, stamp)
+
+
+def _stamped(target: Path, shard: ShardInfo) -> bool:
+    """Whether ``target`` is unchanged since it was verified against ``shard``'s sha256.
+
+    Every DataLoader worker of a rank reads every shard of a shuffle block, and later
+    epochs read them again: hashing each read would cost more CPU than the download.
     """
     try:
-        status = target.stat()
+        return _stamp_path(target).read_text() == _identity(target, shard)
     except FileNotFoundError:
         return False
-    return status.st_ctime_ns >= waiting_since_ns and status.st_size == len(data) == shard.size
 
 
 def _matches(data: bytes, shard: ShardInfo) -> bool:

@@ -151,3 +151,21 @@ def test_s3_restart_mid_epoch_completes_with_every_sample_once(moto_server, s3_b
     assert sorted(seen) == sorted(set(seen)) and len(seen) == (NUM_SAMPLES // 20) * 20
     assert retry.attempts_log, "the restart must have been retried through"
     assert torch.tensor(seen).unique().numel() == len(seen)
+
+
+def test_a_cache_write_that_fails_after_the_bytes_were_handed_over_still_stops_the_epoch(
+    dataset_store, tmp_path, monkeypatch
+):
+    """Prefetched bytes reach the reader before they are written into the cache; a
+    failure of that write (a full disk) must surface, not vanish with the thread."""
+    import errno
+
+    from skylift.data import shard_cache
+
+    def disk_full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shard_cache, "_stamp", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        for _ in DataLoader(_dataset(dataset_store, tmp_path), batch_size=None):
+            pass

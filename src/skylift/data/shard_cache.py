@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from skylift.data.shards import ShardInfo
@@ -45,10 +46,14 @@ class ShardCache:
     def path(self, shard: ShardInfo) -> Path:
         return self.root / shard.name
 
-    def read(self, shard: ShardInfo, keep: frozenset[str] = frozenset()) -> bytes:
+    def read(
+        self, shard: ShardInfo, keep: frozenset[str] = frozenset(), ready: Callable[[bytes], None] | None = None
+    ) -> bytes:
         """The shard's bytes, verified: a cached copy that fails its sha256 is fetched again.
 
         Shards in ``keep`` (the ones a reader still needs) are never evicted for this one.
+        ``ready`` gets the bytes as soon as they are verified, before a download is
+        written into the cache: the reader that asked need not wait for the disk.
         """
         target = self.path(shard)
         with _locked(self.root / f".{shard.name}.lock"):
@@ -59,6 +64,8 @@ class ShardCache:
                 data = None
             if data is None:
                 data = self._download(shard)
+                if ready is not None:
+                    ready(data)
                 # Write the temporary file outside the cache-wide lock (the workers' other
                 # downloads need it too), then make room and publish under it, so that
                 # concurrent downloads never take the cache past its limit together.
@@ -68,9 +75,16 @@ class ShardCache:
                     with _locked(self.root / ".cache.lock"):
                         self._evict(keep, incoming_bytes=len(data))
                         os.replace(temporary, target)
+                        _stamp(target, shard)  # before the lock goes: eviction ranks shards by their stamps
                 finally:
                     temporary.unlink(missing_ok=True)
-            _stamp(target, shard)  # verified now, and recently used
+                return data
+            if ready is not None:
+                ready(data)
+            try:
+                _stamp(target, shard)  # verified now, and recently used
+            except FileNotFoundError:  # evicted meanwhile for another download: nothing to mark
+                pass
         return data
 
     def _download(self, shard: ShardInfo) -> bytes:
@@ -110,10 +124,12 @@ class ShardCache:
         entries = []
         for path in self.root.glob("shard-*.tar"):
             try:
-                size = path.stat().st_size
-                used = _stamp_path(path).stat().st_mtime if _stamp_path(path).exists() else 0.0
+                status = path.stat()
+                stamp = _stamp_path(path)
+                used = stamp.stat().st_mtime if stamp.exists() else status.st_mtime
             except FileNotFoundError:
                 continue
+            size = status.st_size
             entries.append((used, size, path))
         return entries
 

@@ -174,6 +174,7 @@ class _ShardReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max(1, dataset.prefetch_shards), thread_name_prefix="skylift-prefetch")
         self._futures: dict[int, Future[bytes]] = {}
+        self._fetch_error: BaseException | None = None
         self._schedule()
 
     def sample(self, sample_id: int) -> dict[str, bytes]:
@@ -196,16 +197,34 @@ class _ShardReader:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _bytes(self, shard_number: int) -> bytes:
+        self._raise_fetch_error()
         future = self._futures.pop(shard_number, None)
         if future is not None:
             return future.result()
         return self.cache.read(self._info(shard_number), self._keep())
 
     def _schedule(self) -> None:
+        self._raise_fetch_error()
         window = self._upcoming[self._position : self._position + self.dataset.prefetch_shards + 1]
         for shard_number in window:
             if shard_number not in self._futures and shard_number not in self._parsed:
-                self._futures[shard_number] = self._pool.submit(self.cache.read, self._info(shard_number), self._keep())
+                future: Future[bytes] = Future()
+                self._futures[shard_number] = future
+                self._pool.submit(self._fetch, self._info(shard_number), self._keep(), future)
+
+    def _fetch(self, info: ShardInfo, keep: frozenset[str], future: Future[bytes]) -> None:
+        """Resolve ``future`` as soon as the shard is verified; the cache write follows."""
+        try:
+            self.cache.read(info, keep, ready=future.set_result)
+        except BaseException as error:  # handed to the reading thread, never dropped
+            if not future.done():
+                future.set_exception(error)
+            else:  # the bytes were delivered, then the cache write failed
+                self._fetch_error = error
+
+    def _raise_fetch_error(self) -> None:
+        if self._fetch_error is not None:
+            raise self._fetch_error
 
     def _keep(self) -> frozenset[str]:
         # Shards already parsed live in memory; only those still to be read must stay on

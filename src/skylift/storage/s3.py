@@ -207,8 +207,9 @@ class S3Store(Store):
 
 
 def _make_client(scheme: str, endpoint_url: str | None) -> Any:
-    import boto3
     from botocore.config import Config
+
+    from skylift.storage.s3_clients import new_client
 
     s3_options: dict[str, Any] = {"addressing_style": _addressing_style(scheme)}
     if endpoint_url is None or endpoint_url.startswith("https://"):
@@ -224,7 +225,7 @@ def _make_client(scheme: str, endpoint_url: str | None) -> Any:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+    return new_client(endpoint_url, config)
 
 
 class _ChunkReader(io.RawIOBase):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from skylift.storage import open_store
+from tests.checkpoint.runs import train
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -13,3 +14,21 @@ def store(request, tmp_path):
     moto_server = request.getfixturevalue("moto_server")
     bucket = request.getfixturevalue("s3_bucket")
     return open_store(f"s3://{bucket}/run", endpoint_url=moto_server.endpoint_url)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """The uninterrupted single-process run that killed-and-resumed runs must equal."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def reference_ddp(tmp_path_factory):
+    """The same, on two processes (DDP over gloo)."""
+    run_dir = tmp_path_factory.mktemp("reference-ddp")
+    result = train(run_dir, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir

@@ -21,22 +21,6 @@ from tests.servers import FaultyProxy
 KILLED = -9
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference")
-    result = train(run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
-@pytest.fixture(scope="module")
-def reference_ddp(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference-ddp")
-    result = train(run_dir, nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
 def _kill_plan(seed: int) -> list[str]:
     """Five kill points in increasing steps: inside training steps and inside saves."""
     rng = random.Random(seed)

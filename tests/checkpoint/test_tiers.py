@@ -14,14 +14,6 @@ from tests.checkpoint.runs import assert_same_run, records, summary, train
 KILLED = -9
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference")
-    result = train(run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
 @pytest.fixture
 def tiered(moto_server, s3_bucket, tmp_path):
     """(overrides, env, remote store, local folder) for a run with both tiers."""
@@ -30,6 +22,16 @@ def tiered(moto_server, s3_bucket, tmp_path):
     overrides = [f"checkpoint.root={url}", f"checkpoint.local_root={local}"]
     env = {"SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url}
     return overrides, env, open_store(url, endpoint_url=moto_server.endpoint_url), local
+
+
+def _killed_at_step_30(tmp_path, tiered):
+    """A run SIGKILLed after step 30; with synchronous saves, step 28 is committed in both places."""
+    overrides, env, _, _ = tiered
+    run_dir = tmp_path / "run"
+    killed = train(run_dir, *overrides, "checkpoint.async_save=false",
+                   env={**env, "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
+    assert killed.returncode == KILLED, killed.stderr[-2000:]
+    return run_dir
 
 
 def _local_store(local):
@@ -69,11 +71,7 @@ def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, referenc
 
 def test_corrupt_local_file_is_read_from_the_root_instead(tiered, reference, tmp_path):
     overrides, env, remote, local = tiered
-    run_dir = tmp_path / "run"
-    # Synchronous saves: step 28 is in both places when step 30 ends.
-    killed = train(run_dir, *overrides, "checkpoint.async_save=false",
-                   env={**env, "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
-    assert killed.returncode == KILLED
+    run_dir = _killed_at_step_30(tmp_path, tiered)
     model_file = _local_store(local).path("step-28/model.safetensors")
     data = bytearray(model_file.read_bytes())
     data[-3] ^= 0x01
@@ -91,11 +89,7 @@ def test_lost_local_disk_resumes_from_the_root(tiered, reference, tmp_path):
     import shutil
 
     overrides, env, remote, local = tiered
-    run_dir = tmp_path / "run"
-    # Synchronous saves: step 28 is in both places when step 30 ends.
-    killed = train(run_dir, *overrides, "checkpoint.async_save=false",
-                   env={**env, "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
-    assert killed.returncode == KILLED
+    run_dir = _killed_at_step_30(tmp_path, tiered)
     shutil.rmtree(local)  # a new VM: the node's disk is gone, S3 is not
 
     resumed = train(run_dir, *overrides, env=env)
@@ -111,10 +105,8 @@ def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiered, tmp_path):
+def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiered, reference_ddp, tmp_path):
     overrides, env, remote, local = tiered
-    reference = tmp_path / "reference"
-    assert train(reference, nproc=2).returncode == 0
     run_dir = tmp_path / "run"
     crashed = train(run_dir, *overrides, "preemption.grace_s=5", nproc=2,
                     env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28:rank=1"})
@@ -126,4 +118,4 @@ def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiere
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert summary(run_dir)["replicas_agree"] is True
-    assert_same_run(run_dir, reference)
+    assert_same_run(run_dir, reference_ddp)

@@ -119,3 +119,15 @@ def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiere
     assert summary(run_dir)["resumed_from_step"] == 28
     assert summary(run_dir)["replicas_agree"] is True
     assert_same_run(run_dir, reference_ddp)
+
+
+def test_corrupt_local_manifest_is_named_and_the_roots_is_used(tiered, reference, tmp_path):
+    overrides, env, remote, local = tiered
+    run_dir = _killed_at_step_30(tmp_path, tiered)
+    _local_store(local).path("step-28/manifest.json").write_text("{not json")
+
+    resumed = train(run_dir, *overrides, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 28
+    assert "used the root's manifest" in resumed.stderr and "step-28/manifest.json" in resumed.stderr
+    assert_same_run(run_dir, reference)

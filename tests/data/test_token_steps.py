@@ -76,3 +76,32 @@ def test_epoch_record_reports_low_padding(lengths):
 def test_too_few_batches_for_one_step_is_refused():
     with pytest.raises(ValueError, match="fewer token-budget batches than one optimizer step"):
         TokenBudgetSteps([10] * 4, 1024, 4, rank=0, world_size=2, seed=0, epochs=1)
+
+
+def test_weighted_micro_batches_follow_the_mean_over_every_sample_of_the_step():
+    """Token-budget micro-batches hold different numbers of samples; with the weights,
+    accumulation (mean over A) and DDP (mean over W) give the full batch's gradient."""
+    import torch
+    from torch import nn
+
+    from skylift.data.loaders import micro_batch_weight
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    inputs, targets = torch.randn(8, 3), torch.randn(8, 1)
+    nn.functional.mse_loss(model(inputs), targets).backward()
+    full = model.weight.grad.clone()
+
+    sizes_by_rank = [[3, 1], [2, 2]]  # W = 2 ranks, A = 2 micro-batches each
+    per_rank, start = [], 0
+    for sizes in sizes_by_rank:
+        model.zero_grad()
+        for size in sizes:
+            batch = slice(start, start + size)
+            loss = nn.functional.mse_loss(model(inputs[batch]), targets[batch])
+            (loss * micro_batch_weight(size, 8, micro_batches=4) / len(sizes)).backward()
+            start += size
+        per_rank.append(model.weight.grad.clone())
+    averaged = sum(per_rank) / len(per_rank)  # what DDP's all-reduce gives
+    torch.testing.assert_close(averaged, full)
+    assert micro_batch_weight(16, 64, micro_batches=4) == 1.0  # fixed batches: unchanged

@@ -308,7 +308,7 @@ class Checkpointing:
         local = self.tier.store if self.tier is not None else None
         try:
             manifest = manifest_with_fallback(step, local, self.store)
-            contents, sources = read_with_fallback(step, self._names_for_this_rank(manifest), local, self.store)
+            contents, sources = read_with_fallback(manifest, self._names_for_this_rank(manifest), local, self.store)
         except (CorruptCheckpointError, StorageError) as error:
             return None, str(error)
         if local is not None:

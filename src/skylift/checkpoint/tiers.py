@@ -108,18 +108,18 @@ class LocalTier:
 
 
 def read_with_fallback(
-    step: int, names: list[str], local: Store | None, remote: Store
+    manifest: Manifest, names: list[str], local: Store | None, remote: Store
 ) -> tuple[dict[str, bytes], dict[str, str]]:
-    """Read and verify ``names`` of checkpoint ``step``: each from ``local`` if its copy
-    verifies there, else from ``remote``.
+    """Read and verify ``names`` of the checkpoint ``manifest`` describes: each from
+    ``local`` if its copy verifies there, else from ``remote``.
 
     Returns:
         (contents, where each file came from: ``local`` or ``remote``).
 
     Raises:
-        CorruptCheckpointError: a file verifies in neither place, or no manifest does.
+        CorruptCheckpointError: a file verifies in neither place.
     """
-    manifest = manifest_with_fallback(step, local, remote)
+    step = manifest.step
     folder = step_folder(step)
     contents: dict[str, bytes] = {}
     sources: dict[str, str] = {}
@@ -161,12 +161,14 @@ def _read_verified_file(store: Store, key: str, expected: dict, contents: dict[s
 
 
 def manifest_with_fallback(step: int, local: Store | None, remote: Store) -> Manifest:
-    """The local manifest if it reads and lists a complete checkpoint, else the root's."""
-    if local is not None:
+    """The local manifest if it reads and lists a complete checkpoint, else the root's
+    (a local manifest that is there but does not read is named in a warning)."""
+    key = f"{step_folder(step)}/{MANIFEST}"
+    if local is not None and local.exists(key):
         try:
             return read_manifest(local, step)
-        except (CorruptCheckpointError, StorageError, OSError):
-            pass
+        except (CorruptCheckpointError, StorageError, OSError) as error:
+            log.warning("used the root's manifest: %s", error)
     return read_manifest(remote, step)
 
 

@@ -72,6 +72,18 @@ def samples_in_step(order: Any, step: int, global_batch_size: int) -> int:
     return counter(step) if counter is not None else global_batch_size
 
 
+def micro_batch_weight(batch_samples: int, step_samples: int, micro_batches: int) -> float:
+    """Factor for one micro-batch's mean loss so that the optimizer step follows the mean
+    over all ``step_samples`` samples of the step (``micro_batches``: accumulation steps
+    x ranks, whose losses accumulation and DDP average with equal weights).
+
+    1.0 for fixed batches. Under a token budget micro-batches hold different numbers of
+    samples, and equal weights would count a sample of a small batch (long sequences)
+    several times as much as one of a large batch (short sequences).
+    """
+    return batch_samples * micro_batches / step_samples
+
+
 def epoch_records(order: Any, epoch: int, step: int) -> list[dict[str, Any]]:
     """The ``epoch`` metrics record (padding share and token counts) of an order that
     batches by tokens; none for fixed batches."""

@@ -9,6 +9,8 @@ new attempt when a preempted run resumes.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -331,8 +333,18 @@ def watch(run_dir: Path, *, interval_s: float = 2.0, once: bool = False, console
     if once:
         console.print(render(state, run_dir))
         return
+    stop = _stop_on_ctrl_c()
     with Live(render(state, run_dir), console=console, refresh_per_second=4, screen=False) as live:
-        while True:
-            time.sleep(interval_s)
+        while not stop.wait(interval_s):
             state = follow(tail, state)
             live.update(render(state, run_dir))
+
+
+def _stop_on_ctrl_c() -> threading.Event:
+    """Ctrl-C sets an event the loop checks between frames. A KeyboardInterrupt raised
+    wherever the main thread happens to be could land inside rich while it holds its
+    console lock, and the exit would then wait forever for the refresh thread."""
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop

@@ -25,7 +25,7 @@ from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
-from skylift.data.loaders import build_loaders, epoch_records, samples_in_step
+from skylift.data.loaders import build_loaders, epoch_records, micro_batch_weight, samples_in_step
 from skylift.monitor.breakdown import StepClock
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
@@ -289,6 +289,8 @@ class Trainer:
         started = time.perf_counter()
         data_wait_s = 0.0
         loss_sum: torch.Tensor | None = None
+        step_samples = samples_in_step(parts.sampler, state.step, state.global_batch_size)
+        micro_batches = runtime.accumulation_steps * runtime.dist.world_size
         for _ in range(runtime.accumulation_steps):
             before = time.perf_counter()
             batch = next(batches)
@@ -301,6 +303,9 @@ class Trainer:
                                          recipe.batch_size(batch))
             with runtime.autocast():
                 loss = recipe.training_loss(parts.model, batch)
+            weight = micro_batch_weight(recipe.batch_size(batch), step_samples, micro_batches)
+            if weight != 1.0:
+                loss = loss * weight
             runtime.backward(loss)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             clock.mark("forward_backward")
@@ -308,7 +313,7 @@ class Trainer:
             clock.mark("optimizer")
         assert loss_sum is not None
         state.step += 1
-        state.samples_seen += samples_in_step(parts.sampler, state.step - 1, state.global_batch_size)
+        state.samples_seen += step_samples
         state.loss = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
         state.grad_norm = runtime.last_grad_norm
         state.data_wait_s = data_wait_s

@@ -44,6 +44,7 @@ __all__ = [
     "read_verified",
     "step_folder",
     "step_folders",
+    "verified_file",
 ]
 
 log = logging.getLogger("skylift")
@@ -165,18 +166,27 @@ def read_verified(store: Store, step: int, manifest: Manifest, names: list[str] 
         expected = manifest.files.get(name)
         if expected is None:
             raise CorruptCheckpointError(f"{store.describe(key)} is not listed in the manifest")
-        try:
-            data = store.read_bytes(key)
-        except StorageNotFoundError:
-            raise CorruptCheckpointError(f"{store.describe(key)} is listed in the manifest but missing") from None
-        actual = file_entry(data)
-        if actual != expected:
-            raise CorruptCheckpointError(
-                f"{store.describe(key)} does not match the manifest: expected {expected['size']} bytes, sha256 "
-                f"{expected['sha256']}; found {actual['size']} bytes, sha256 {actual['sha256']}"
-            )
-        contents[name] = data
+        contents[name] = verified_file(store, key, expected)
     return contents
+
+
+def verified_file(store: Store, key: str, expected: dict[str, Any]) -> bytes:
+    """The bytes of ``key`` if they match ``expected`` (a manifest entry).
+
+    Raises:
+        CorruptCheckpointError: missing, or naming the expected and the actual sha256.
+    """
+    try:
+        data = store.read_bytes(key)
+    except StorageNotFoundError:
+        raise CorruptCheckpointError(f"{store.describe(key)} is listed in the manifest but missing") from None
+    actual = file_entry(data)
+    if actual != expected:
+        raise CorruptCheckpointError(
+            f"{store.describe(key)} does not match the manifest: expected {expected['size']} bytes, sha256 "
+            f"{expected['sha256']}; found {actual['size']} bytes, sha256 {actual['sha256']}"
+        )
+    return data
 
 
 def find_latest_valid(store: Store) -> tuple[Manifest, dict[str, bytes]] | None:

@@ -36,9 +36,13 @@ from skylift.checkpoint.state import (
     restore_rng,
     rng_files,
 )
+from skylift.checkpoint.tiers import (
+    LocalTier,
+    manifest_with_fallback,
+    read_with_fallback,
+)
 from skylift.config.schema import CheckpointConfig
 from skylift.errors import SkyliftConfigError
-from skylift.checkpoint.tiers import LocalTier, manifest_with_fallback, read_with_fallback
 from skylift.storage import StorageError, Store, open_store
 from skylift.storage.local import LocalStore
 from skylift.train.agreement import Decision, StepAgreement, StopReason

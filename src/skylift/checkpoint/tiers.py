@@ -25,14 +25,14 @@ from skylift.checkpoint.manifest import (
     CorruptCheckpointError,
     Manifest,
     committed_steps,
-    file_entry,
     hashing,
     read_manifest,
     step_folder,
     step_folders,
+    verified_file,
 )
 from skylift.errors import SkyliftConfigError
-from skylift.storage import StorageError, StorageNotFoundError, Store
+from skylift.storage import StorageError, Store
 from skylift.storage.base import Chunks
 from skylift.storage.local import LocalStore
 
@@ -132,32 +132,16 @@ def read_with_fallback(
         for label, store in (("local", local), ("remote", remote)):
             if store is None:
                 continue
-            problem = _read_verified_file(store, key, expected, contents, name)
-            if problem is None:
-                sources[name] = label
+            try:
+                contents[name], sources[name] = verified_file(store, key, expected), label
                 break
-            problems.append(problem)
+            except CorruptCheckpointError as problem:
+                problems.append(str(problem))
         else:
             raise CorruptCheckpointError("; ".join(problems))
-        if problems and sources[name] == "remote" and not problems[0].endswith("is missing"):
+        if problems and sources[name] == "remote" and not problems[0].endswith("but missing"):
             log.warning("used the root's copy: %s", problems[0])
     return contents, sources
-
-
-def _read_verified_file(store: Store, key: str, expected: dict, contents: dict[str, bytes], name: str) -> str | None:
-    """Put the file into ``contents`` if it verifies; else say why not."""
-    try:
-        data = store.read_bytes(key)
-    except StorageNotFoundError:
-        return f"{store.describe(key)} is missing"
-    actual = file_entry(data)
-    if actual != expected:
-        return (
-            f"{store.describe(key)} does not match the manifest: expected {expected['size']} bytes, sha256 "
-            f"{expected['sha256']}; found {actual['size']} bytes, sha256 {actual['sha256']}"
-        )
-    contents[name] = data
-    return None
 
 
 def manifest_with_fallback(step: int, local: Store | None, remote: Store) -> Manifest:

@@ -25,7 +25,13 @@ from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
-from skylift.data.loaders import build_loaders, epoch_records, micro_batch_weight, samples_in_step
+from skylift.data.loaders import (
+    build_loaders,
+    epoch_records,
+    micro_batch_weight,
+    samples_in_step,
+    with_workers,
+)
 from skylift.monitor.breakdown import StepClock
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
@@ -143,7 +149,6 @@ class Trainer:
             )
         self.tuner: Any = None  # a LoaderTuner with data.num_workers: auto
         self._tuning_recorded = False
-        self._samples_before_step = 0
         self.clock = StepClock(
             config.monitor.breakdown_every_steps,
             self.runtime.device,
@@ -237,14 +242,12 @@ class Trainer:
         """Time the step for the tuner; on a switch, a loader with the next worker count
         continues at the exact next batch (the order does not depend on workers)."""
         tuner = self.tuner
-        switch = tuner.after_step(state.samples_seen - self._samples_before_step)
+        switch = tuner.after_step(samples_in_step(parts.sampler, state.step - 1, state.global_batch_size))
         if tuner.done and not self._tuning_recorded and self.runtime.dist.is_main:
             self._tuning_recorded = True
             self.metrics.write_event(tuner.as_record(state.step))
         if switch is None:
             return batches
-        from skylift.data.loaders import with_workers
-
         parts.train_loader = with_workers(parts.train_loader, switch)
         parts.sampler.set_epoch(epoch, start_step=state.step - epoch * state.steps_per_epoch)
         return iter(parts.train_loader)
@@ -267,7 +270,6 @@ class Trainer:
                 self.tuner.restart_timing()
             self.clock.end_of_previous_step(state.step + 1)
             while state.step < min(state.total_steps, (epoch + 1) * state.steps_per_epoch):
-                self._samples_before_step = state.samples_seen
                 self._train_step(parts, state, batches)
                 if self.tuner is not None:
                     batches = self._tune_step(parts, state, epoch, batches)

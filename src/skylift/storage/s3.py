@@ -28,19 +28,36 @@ __all__ = ["S3Store", "endpoint_for"]
 T = TypeVar("T")
 
 _TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
-    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "ConditionalRequestConflict",
-    "OperationAborted", "500", "502", "503", "504",
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+    "ConditionalRequestConflict",
+    "OperationAborted",
+    "500",
+    "502",
+    "503",
+    "504",
 }
-_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired"}
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+}
 # Environment variables naming the endpoint of each scheme's S3-compatible API.
 _ENDPOINT_VARIABLES = {
     "s3": ("SKYLIFT_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
     "oss": ("SKYLIFT_OSS_ENDPOINT_URL", "OSS_ENDPOINT"),
     "cos": ("SKYLIFT_COS_ENDPOINT_URL", "COS_ENDPOINT"),
 }
-_MULTIPART_THRESHOLD_BYTES = 64 * 1024**2
 _PART_BYTES = 64 * 1024**2
+_PARALLEL_PARTS = 4
 
 
 def endpoint_for(scheme: str, configured: str | None) -> str | None:
@@ -65,7 +82,13 @@ class S3Store(Store):
         retry: the retry policy for every call.
     """
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         scheme, _, rest = url.partition("://")
         self.scheme = scheme
         self.bucket, _, prefix = rest.partition("/")
@@ -80,6 +103,8 @@ class S3Store(Store):
                 "https://cos.ap-shanghai.myqcloud.com)"
             )
         self.retry = retry or RetryPolicy()
+        # Objects larger than one part go up as a multipart upload, parts in parallel.
+        self.part_bytes = _PART_BYTES
         self._client = _make_client(scheme, self.endpoint_url)
 
     def object_key(self, key: str) -> str:
@@ -88,11 +113,18 @@ class S3Store(Store):
     def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         # A PUT (or a completed multipart upload) is atomic in S3: no partial object is ever visible.
         def put() -> None:
-            if if_absent or len(data) < _MULTIPART_THRESHOLD_BYTES:
+            if if_absent or len(data) < self.part_bytes:
                 extra = {"IfNoneMatch": "*"} if if_absent else {}
-                self._client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra)
+                self._client.put_object(
+                    Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra
+                )
             else:
-                self._client.upload_fileobj(io.BytesIO(data), self.bucket, self.object_key(key), Config=_transfer_config())
+                self._client.upload_fileobj(
+                    io.BytesIO(data),
+                    self.bucket,
+                    self.object_key(key),
+                    Config=_transfer_config(self.part_bytes),
+                )
 
         self._call(put, key, "write")
 
@@ -101,13 +133,20 @@ class S3Store(Store):
 
         def upload() -> None:
             reader = _ChunkReader(make_chunks())
-            self._client.upload_fileobj(reader, self.bucket, self.object_key(key), Config=_transfer_config())
+            self._client.upload_fileobj(
+                reader,
+                self.bucket,
+                self.object_key(key),
+                Config=_transfer_config(self.part_bytes),
+            )
 
         self._call(upload, key, "write")
 
     def read_bytes(self, key: str) -> bytes:
         def get() -> bytes:
-            response = self._client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            response = self._client.get_object(
+                Bucket=self.bucket, Key=self.object_key(key)
+            )
             return _read_body(response)
 
         return self._call(get, key, "read")
@@ -118,7 +157,9 @@ class S3Store(Store):
 
         def get() -> bytes:
             response = self._client.get_object(
-                Bucket=self.bucket, Key=self.object_key(key), Range=f"bytes={start}-{end - 1}"
+                Bucket=self.bucket,
+                Key=self.object_key(key),
+                Range=f"bytes={start}-{end - 1}",
             )
             return _read_body(response)
 
@@ -133,12 +174,20 @@ class S3Store(Store):
 
     def size(self, key: str) -> int:
         def head() -> int:
-            return int(self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))["ContentLength"])
+            return int(
+                self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))[
+                    "ContentLength"
+                ]
+            )
 
         return self._call(head, key, "stat")
 
     def list(self, prefix: str = "") -> list[str]:
-        full_prefix = self.object_key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
+        full_prefix = (
+            self.object_key(prefix)
+            if prefix
+            else (f"{self.prefix}/" if self.prefix else "")
+        )
 
         def list_all() -> list[str]:
             keys = []
@@ -152,10 +201,14 @@ class S3Store(Store):
 
     def delete(self, keys: Iterable[str]) -> None:
         pending = [{"Key": self.object_key(key)} for key in keys]
-        for offset in range(0, len(pending), 1000):  # DeleteObjects takes at most 1,000 keys
+        for offset in range(
+            0, len(pending), 1000
+        ):  # DeleteObjects takes at most 1,000 keys
             batch = pending[offset : offset + 1000]
             self._call(
-                lambda batch=batch: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}),
+                lambda batch=batch: self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch}
+                ),
                 "",
                 "delete",
             )
@@ -174,10 +227,14 @@ class S3Store(Store):
 
         if not isinstance(error, ClientError):
             if _is_connection_problem(error):
-                return StorageTransientError(f"{type(error).__name__} talking to {self.endpoint_url or 'S3'}")
+                return StorageTransientError(
+                    f"{type(error).__name__} talking to {self.endpoint_url or 'S3'}"
+                )
             return error
         code = str(error.response.get("Error", {}).get("Code", ""))
-        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        status = int(
+            error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+        )
         where = self.describe(key)
         if code in _TRANSIENT_CODES or status >= 500 or status == 429:
             return StorageTransientError(f"{code or status} (HTTP {status})")
@@ -238,6 +295,31 @@ class _ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def read(self, size: int | None = -1) -> bytes:
+        """``size`` bytes, fewer only at the end.
+
+        s3transfer cuts one part per ``read`` and takes a short read for the end of the
+        object; ``io.RawIOBase.read`` stops after one chunk, which made every streamed
+        file a single PUT (never multipart, and S3 refuses a PUT over 5 GB). The pieces
+        are joined without an intermediate copy: a chunk stays unchanged until the write
+        returns (the :data:`~skylift.storage.base.Chunks` contract).
+        """
+        if size is None or size < 0:
+            return self.readall()
+        pieces: list[memoryview] = []
+        wanted = size
+        while wanted:
+            if not len(self._current):
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._current = memoryview(chunk).cast("B")
+            piece = self._current[:wanted]
+            pieces.append(piece)
+            self._current = self._current[len(piece) :]
+            wanted -= len(piece)
+        return b"".join(pieces)
+
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
         while not len(self._current):
@@ -264,18 +346,22 @@ def _addressing_style(scheme: str) -> str:
     return "virtual" if scheme in ("oss", "cos") else "auto"
 
 
-def _transfer_config() -> Any:
+def _transfer_config(part_bytes: int) -> Any:
     from boto3.s3.transfer import TransferConfig
 
     # 64 MiB parts, not boto3's 8: S3 allows 10,000 parts, and a streamed upload of
     # unknown size cannot grow its parts later, so 8 MiB parts would cap a file at
     # 80 GiB (64 MiB: 640 GiB); a sixth of the requests also costs less CPU per byte.
-    return TransferConfig(
-        multipart_threshold=_MULTIPART_THRESHOLD_BYTES,
-        multipart_chunksize=_PART_BYTES,
-        max_concurrency=4,
+    config = TransferConfig(
+        multipart_threshold=part_bytes,
+        multipart_chunksize=part_bytes,
+        max_concurrency=_PARALLEL_PARTS,
         use_threads=True,
     )
+    # A streamed upload buffers this many parts (s3transfer's default 10: 640 MiB);
+    # boto3's constructor does not take it.
+    config.max_in_memory_upload_chunks = _PARALLEL_PARTS
+    return config
 
 
 def _read_body(response: dict[str, Any]) -> bytes:
@@ -303,4 +389,6 @@ def _is_connection_problem(error: Exception) -> bool:
         return True
     import urllib3.exceptions
 
-    return isinstance(error, (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError))
+    return isinstance(
+        error, (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError)
+    )

@@ -35,6 +35,30 @@ def test_second_writer_is_refused_while_the_first_lives(store):
     second.release()
 
 
+class _IgnoresConditionalCreate:
+    """A store that, like some S3-compatible servers, drops If-None-Match."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def write_bytes(self, key, data, *, if_absent=False):
+        self._store.write_bytes(key, data)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_live_lease_is_refused_on_a_store_that_ignores_conditional_create(store):
+    first = RunLease(store, job_id="first-job")
+    first.acquire()
+    try:
+        with pytest.raises(LeaseHeldError, match="first-job"):
+            RunLease(_IgnoresConditionalCreate(store), job_id="second-job").acquire()
+        assert json.loads(store.read_bytes(LEASE))["job_id"] == "first-job"
+    finally:
+        first.release()
+
+
 def test_live_lease_on_another_host_is_respected(store):
     _write_lease(store)
     with pytest.raises(LeaseHeldError, match="job-7 on other-host"):

@@ -39,7 +39,9 @@ class RunLease:
         job_id: shown to a second writer; defaults to torchrun's run id or a UUID.
     """
 
-    def __init__(self, store: Store, *, ttl_s: float = 60.0, job_id: str | None = None) -> None:
+    def __init__(
+        self, store: Store, *, ttl_s: float = 60.0, job_id: str | None = None
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.owner = uuid.uuid4().hex
@@ -49,22 +51,37 @@ class RunLease:
 
     def acquire(self) -> None:
         """Take the lease or raise :class:`LeaseHeldError` at once."""
+        # Read first, then create exclusively: some S3-compatible servers ignore
+        # If-None-Match, and the create alone would let a second job overwrite a live lease.
+        holder = self._read_holder()
+        if holder is not None:
+            self._refuse_if_live(holder)
+            log.warning(
+                "taking over a stale lease of job %s", holder.get("job_id") or "?"
+            )
+            self.store.delete([LEASE])
         try:
             self.store.write_bytes(LEASE, self._record(), if_absent=True)
         except StoragePreconditionFailed:
-            holder = self._read_holder()
-            if holder is not None and not self._is_stale(holder):
-                age_s = time.time() - float(holder.get("heartbeat_time", 0))
-                raise LeaseHeldError(
-                    f"{self.store.describe(LEASE)}: run owned by job {holder.get('job_id')} on "
-                    f"{holder.get('host')} (pid {holder.get('pid')}), heartbeat {age_s:.0f} s ago. Stop that job, "
-                    f"wait {self.ttl_s:.0f} s after it died, or use another checkpoint.root"
-                ) from None
-            log.warning("taking over a stale lease of job %s", holder.get("job_id") if holder else "?")
-            self.store.delete([LEASE])
-            self.store.write_bytes(LEASE, self._record(), if_absent=True)
-        self._thread = threading.Thread(target=self._heartbeat, name="skylift-lease", daemon=True)
+            self._refuse_if_live(self._read_holder() or {})
+            raise LeaseHeldError(
+                f"{self.store.describe(LEASE)}: another job took the lease while this one started; "
+                "run again once it has stopped"
+            ) from None
+        self._thread = threading.Thread(
+            target=self._heartbeat, name="skylift-lease", daemon=True
+        )
         self._thread.start()
+
+    def _refuse_if_live(self, holder: dict[str, Any]) -> None:
+        if self._is_stale(holder):
+            return
+        age_s = time.time() - float(holder.get("heartbeat_time", 0))
+        raise LeaseHeldError(
+            f"{self.store.describe(LEASE)}: run owned by job {holder.get('job_id')} on "
+            f"{holder.get('host')} (pid {holder.get('pid')}), heartbeat {age_s:.0f} s ago. Stop that job, "
+            f"wait {self.ttl_s:.0f} s after it died, or use another checkpoint.root"
+        )
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lease if it is still ours."""
@@ -80,7 +97,10 @@ class RunLease:
             try:
                 holder = self._read_holder()
                 if holder is None or holder.get("owner") != self.owner:
-                    log.error("the run lease %s was taken by another job", self.store.describe(LEASE))
+                    log.error(
+                        "the run lease %s was taken by another job",
+                        self.store.describe(LEASE),
+                    )
                     return
                 self.store.write_bytes(LEASE, self._record())
             except Exception as error:  # a missed heartbeat is retried at the next beat
@@ -109,7 +129,9 @@ class RunLease:
     def _is_stale(self, holder: dict[str, Any]) -> bool:
         if not holder:
             return True
-        if time.time() - float(holder.get("heartbeat_time", 0)) > float(holder.get("ttl_s", self.ttl_s)):
+        if time.time() - float(holder.get("heartbeat_time", 0)) > float(
+            holder.get("ttl_s", self.ttl_s)
+        ):
             return True
         if holder.get("host") == socket.gethostname():
             return not _process_alive(int(holder.get("pid", -1)))

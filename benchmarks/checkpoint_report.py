@@ -65,7 +65,7 @@ def _cpu_table(report: dict[str, Any]) -> Any:
     from rich.table import Table
 
     table = Table(title=(
-        "Where this process's CPU goes during a sync save (median CPU s per thread group; moto runs in its own process); "
+        "Where this process's CPU goes during a sync save (median CPU s per thread group; the S3 server runs in its own process); "
         "training step times"
     ))
     for column in ("target", "CPU s / wall s", "CPU s by thread group", "step s", "step s during async write"):
@@ -90,8 +90,8 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(_cpu_table(report))
     for name, row in report["results"].items():
         if "sync_save_server_cpu_s" in row:
-            console.print(f"{name}: the S3 server (moto) used {row['sync_save_server_cpu_s']:.1f} CPU s per sync save "
-                          f"of {row['sync_save_s']:.1f} s")
+            console.print(f"{name}: the S3 server ({row.get('server', 'moto')}) used {row['sync_save_server_cpu_s']:.1f} "
+                          f"CPU s per sync save of {row['sync_save_s']:.1f} s")
         if "sync_local_commit_s" in row:
             upload = row["notice_to_upload_by_scenario_s"]
             console.print(f"{name}: committed on the local disk {row['sync_local_commit_s']:.2f} s into a sync save; "
@@ -100,6 +100,6 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(
         f"load average (1 min) {config['load_average_1m_start']:.2f} at start, {config['load_average_1m_end']:.2f} "
         f"at end, on {config['cpu_count']} CPUs; peak RSS {config['peak_rss_bytes'] / 1e9:.1f} GB (this process; "
-        "moto's objects live in its own); notice->commit runs poll every "
+        "the S3 server's objects live in its own); notice->commit runs poll every "
         f"{config['poll_interval_s']:g} s"
     )

@@ -4,6 +4,7 @@ reads each file locally when its copy verifies, else from S3 (a moto server on 1
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,82 @@ def test_corrupt_local_manifest_is_named_and_the_roots_is_used(tiered, reference
     assert summary(run_dir)["resumed_from_step"] == 28
     assert "used the root's manifest" in resumed.stderr and "step-28/manifest.json" in resumed.stderr
     assert_same_run(run_dir, reference)
+
+
+def _two_nodes(tmp_path, overrides, env, *, timeout_s=300):
+    """Nodes 0 and 1 (one process each) on loopback, each with its own run folder and
+    its own node disk; returns each node's (exit code, stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.checkpoint.runs import EXACT
+    from tests.conftest import REPO_ROOT
+    from tests.servers import free_port
+
+    port, launched = free_port(), []
+    for node in (0, 1):
+        args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--json",
+                "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
+                "--master-addr", "127.0.0.2", "--master-port", str(port)]  # fmt: skip
+        for override in (*EXACT, *overrides, f"run_dir={tmp_path / f'run-node{node}'}",
+                         f"checkpoint.local_root={tmp_path / f'disk-node{node}'}"):  # fmt: skip
+            args += ["--set", override]
+        log = (tmp_path / f"node{node}.log").open("w")  # files: a full pipe would stall a rank
+        launched.append((subprocess.Popen(args, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=log, stderr=log), log))
+    results = []
+    for process, log in launched:
+        process.wait(timeout=timeout_s)
+        log.close()
+        results.append((process.returncode, Path(log.name).read_text()))
+    return results
+
+
+def _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path):
+    """Node 1 dies after uploading step 28, before the root's commit: (overrides, env).
+
+    Each node's disk then holds step 28's manifest, the replicated state and its own
+    ranks' files (not the other node's)."""
+    import os
+
+    url = f"s3://{s3_bucket}/two-nodes"
+    overrides = [f"checkpoint.root={url}", "preemption.grace_s=5"]
+    # The threads per worker the one-node reference got (the cores over its 2 workers):
+    # another thread count sums matmuls in another order.
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    env = {"SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url, "OMP_NUM_THREADS": threads}
+    crashed = _two_nodes(tmp_path, overrides, {**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28:rank=1"})
+    assert all(code != 0 for code, _ in crashed), crashed
+    assert committed_steps(open_store(url, endpoint_url=moto_server.endpoint_url))[-1] == 21
+    node_disks = [_local_store(tmp_path / f"disk-node{node}") for node in (0, 1)]
+    assert [committed_steps(disk)[-1] for disk in node_disks] == [28, 28]
+    files_on = [set(json.loads(disk.read_bytes("step-28/manifest.json"))["files"]) for disk in node_disks]
+    assert files_on[0] == files_on[1]
+    held = [{path.name for path in disk.path("step-28").iterdir()} - {"manifest.json"} for disk in node_disks]
+    assert held[0] == {name for name in files_on[0] if "rank1" not in name}
+    assert held[1] == {name for name in files_on[1] if "rank0" not in name}
+    return overrides, env
+
+
+@pytest.mark.multiprocess
+def test_two_nodes_resume_from_their_local_copies(moto_server, s3_bucket, reference_ddp, tmp_path):
+    overrides, env = _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path)
+    resumed = _two_nodes(tmp_path, overrides, env)
+    assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
+    assert summary(tmp_path / "run-node0")["resumed_from_step"] == 28
+    assert "resumed from s3://" in resumed[0][1] and "step-28: 6 of 6 files from the local copy" in resumed[0][1]
+    assert_same_run(tmp_path / "run-node0", reference_ddp)
+
+
+@pytest.mark.multiprocess
+def test_two_nodes_fall_back_together_when_one_lost_its_disk(moto_server, s3_bucket, reference_ddp, tmp_path):
+    """Node 1 comes back as a new VM: step 28 is nowhere for its rank, so both take 21."""
+    import shutil
+
+    overrides, env = _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path)
+    shutil.rmtree(tmp_path / "disk-node1")
+    resumed = _two_nodes(tmp_path, overrides, env)
+    assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
+    assert "skylift[rank 1]: skipping checkpoint" in resumed[1][1] and "step-28" in resumed[1][1]
+    assert summary(tmp_path / "run-node0")["resumed_from_step"] == 21
+    assert_same_run(tmp_path / "run-node0", reference_ddp)

@@ -19,6 +19,8 @@ SCRIPT = textwrap.dedent(
     out = sys.argv[1]
     with open(os.path.join(out, f"rank{rank}.txt"), "w") as handle:
         handle.write(f"{rank} {world} {os.environ['LOCAL_RANK']} {total.item()} {' '.join(sys.argv[2:])}")
+    with open(os.path.join(out, f"gloo-interface{rank}.txt"), "w") as handle:
+        handle.write(os.environ.get("GLOO_SOCKET_IFNAME", ""))
     if len(sys.argv) > 2 and sys.argv[2] == "fail" and rank == 1:
         sys.exit(3)
     """
@@ -39,6 +41,8 @@ def test_launch_runs_an_unmodified_script_on_two_processes(cli, script, tmp_path
     lines = sorted((tmp_path / f"rank{rank}.txt").read_text() for rank in range(2))
     assert lines == ["0 2 0 3.0 --epochs 3", "1 2 1 3.0 --epochs 3"]
     assert "terminate called" not in result.stderr
+    # A loopback rendezvous keeps gloo on the loopback interface.
+    assert {(tmp_path / f"gloo-interface{rank}.txt").read_text() for rank in range(2)} == {"lo"}
 
 
 @pytest.mark.multiprocess

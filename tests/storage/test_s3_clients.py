@@ -67,11 +67,15 @@ def test_a_forked_child_opens_its_own_connection(keep_alive_server):
 
 
 def test_stores_share_a_session_per_credential_environment(keep_alive_server, monkeypatch):
+    from skylift.storage import s3_clients
+
+    monkeypatch.setattr(s3_clients, "_sessions", {})
     first = open_store("s3://bucket-x/a", endpoint_url=keep_alive_server)
     second = open_store("s3://bucket-x/b", endpoint_url=keep_alive_server)
     assert first._client is not second._client
-    assert first._client.meta.events is not None
+    assert len(s3_clients._sessions) == 1
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAOTHEROTHEROTHER0")
     third = open_store("s3://bucket-x/c", endpoint_url=keep_alive_server)
+    assert len(s3_clients._sessions) == 2
     assert third._client._request_signer._credentials.access_key == "AKIAOTHEROTHEROTHER0"
     assert first._client._request_signer._credentials.access_key != "AKIAOTHEROTHEROTHER0"

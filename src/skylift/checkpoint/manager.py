@@ -201,11 +201,15 @@ class CheckpointManager:
         folder = step_folder(snapshot.step)
         try:
             snapshot.complete_copies()
+            local_copy = self.tier is not None and store is self.tier.store
             for name, make_chunks in snapshot.files():
+                if name in snapshot.local_only and not local_copy:
+                    continue
                 self._raise_if_cancelled()
                 hashed, entry = hashing(self._cancellable(make_chunks))
                 store.write_chunks(f"{folder}/{name}", hashed)
-                entries[name] = entry
+                if name not in snapshot.local_only:  # rank 0 reports (and uploads) those
+                    entries[name] = entry
                 fault_point("during_payload", step=snapshot.step, rank=self.rank)
             fault_point("after_payload", step=snapshot.step, rank=self.rank)
             self._raise_if_cancelled()

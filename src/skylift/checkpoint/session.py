@@ -221,6 +221,9 @@ class Checkpointing:
                 buffers=self._buffers,
                 defer=self.config.async_save and not blocking,
                 reference_host_tensors=blocking or not self.config.async_save,
+                # Every node's disk gets the replicated state too, or a node's ranks
+                # could never resume from their local copy alone.
+                replicated=self.context.rank == 0 or (self.tier is not None and self.tier.node_leader),
             ),
             state.step,
             blocking=blocking,

@@ -51,6 +51,9 @@ class Snapshot:
     step: int
     tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    local_only: set[str] = field(default_factory=set)
+    """Files for this node's local copy only (the replicated state, held by a node
+    leader other than rank 0 so that its node's ranks resume from its own disk)."""
     deferred: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     """(host buffer, live tensor) copies still to make: parameters and optimizer state,
     which only the next ``optimizer.step()`` changes (see :func:`capture`)."""
@@ -98,8 +101,10 @@ def capture(
     buffers: dict[str, torch.Tensor] | None = None,
     defer: bool = False,
     reference_host_tensors: bool = False,
+    replicated: bool | None = None,
 ) -> Snapshot:
-    """Copy this rank's share of the state (rank 0 also the replicated part).
+    """Copy this rank's share of the state, and the replicated part if ``replicated``
+    (default: on rank 0; on another rank it goes to the node's local copy only).
 
     ``buffers`` (kept by the caller between saves) are host tensors reused for the
     copies: allocating fresh ones costs about 3x the copy itself. The caller must not
@@ -121,7 +126,7 @@ def capture(
     snapshot = Snapshot(step)
     rng_tensors_file, rng_json_file = rng_files(rank)
     snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
-    if rank != 0:
+    if not (rank == 0 if replicated is None else replicated):
         return snapshot
     copier.defer = defer
     parameters = {name for name, _ in model.named_parameters()}
@@ -140,6 +145,8 @@ def capture(
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "grad_scaler": scaler.state_dict() if scaler is not None else None,
     }
+    if rank != 0:
+        snapshot.local_only = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
     return snapshot
 
 

@@ -94,6 +94,11 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
 
     # torchrun would force 1 thread per worker with a warning; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // topology.nproc)))
+    interface = _loopback_interface()
+    if _is_loopback(topology.master_addr) and interface:
+        # A rendezvous on loopback means one machine; gloo would otherwise bind the
+        # address the host name resolves to, which may be a network card's.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     args = get_args_parser().parse_args(torchrun_arguments(topology, entry, module=module))
     try:
         run(args)
@@ -110,6 +115,26 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
             print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
         return code
     return 0
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def _loopback_interface() -> str | None:
+    """``lo`` on Linux, ``lo0`` on macOS; ``None`` if neither exists."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return next((name for name in ("lo", "lo0") if name in names), None)
 
 
 def _free_port() -> int:

@@ -211,3 +211,22 @@ def test_two_nodes_fall_back_together_when_one_lost_its_disk(moto_server, s3_buc
     assert "skylift[rank 1]: skipping checkpoint" in resumed[1][1] and "step-28" in resumed[1][1]
     assert summary(tmp_path / "run-node0")["resumed_from_step"] == 21
     assert_same_run(tmp_path / "run-node0", reference_ddp)
+
+
+def test_replicated_files_that_differ_from_rank_0s_leave_the_local_copy(tmp_path, caplog):
+    """A node leader other than rank 0's checks its copy of the replicated state against
+    the manifest rank 0 committed: a diverged replica must not be resumed from."""
+    from skylift.checkpoint.manifest import Manifest, file_entry
+    from skylift.checkpoint.tiers import LocalTier
+
+    tier = LocalTier(str(tmp_path / "disk"), open_store(str(tmp_path / "root")), node_leader=True)
+    written = {"model.safetensors": b"this node's weights", "trainer.json": b"{}"}
+    for name, data in written.items():
+        tier.store.write_bytes(f"step-7/{name}", data)
+    rank_0s = {"model.safetensors": file_entry(b"rank 0's weights"), "trainer.json": file_entry(b"{}")}
+    manifest = Manifest.create(7, 2, rank_0s).encode()
+
+    dropped = tier.drop_mismatches(7, manifest, {name: file_entry(data) for name, data in written.items()})
+    assert dropped == ["model.safetensors"]
+    assert not tier.store.exists("step-7/model.safetensors") and tier.store.exists("step-7/trainer.json")
+    assert "model.safetensors differ from rank 0's" in caplog.text

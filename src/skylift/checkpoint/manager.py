@@ -180,7 +180,7 @@ class CheckpointManager:
         started = time.perf_counter()
         first = self.tier.store if self.tier is not None else self.store
         entries, error = self._write_files(snapshot, first)
-        result.committed, result.error = self._commit(snapshot.step, entries, error, first)
+        result.committed, result.error = self._commit(snapshot.step, entries, error, first, snapshot.local_entries)
         if result.committed and self.tier is not None:
             result.local_commit_s = time.perf_counter() - started
             result.local_committed_at = time.time()
@@ -208,7 +208,9 @@ class CheckpointManager:
                 self._raise_if_cancelled()
                 hashed, entry = hashing(self._cancellable(make_chunks))
                 store.write_chunks(f"{folder}/{name}", hashed)
-                if name not in snapshot.local_only:  # rank 0 reports (and uploads) those
+                if name in snapshot.local_only:  # rank 0 reports (and uploads) these
+                    snapshot.local_entries[name] = entry
+                else:
                     entries[name] = entry
                 fault_point("during_payload", step=snapshot.step, rank=self.rank)
             fault_point("after_payload", step=snapshot.step, rank=self.rank)
@@ -248,7 +250,12 @@ class CheckpointManager:
             raise SaveCancelled("cancelled for an emergency save of a newer step")
 
     def _commit(
-        self, step: int, entries: dict[str, dict[str, Any]], error: str | None, store: Store
+        self,
+        step: int,
+        entries: dict[str, dict[str, Any]],
+        error: str | None,
+        store: Store,
+        local_entries: dict[str, dict[str, Any]] | None = None,
     ) -> tuple[bool, str | None]:
         """All ranks report; rank 0 writes ``store``'s manifest if every rank succeeded."""
         reports = self._gather((entries, error))
@@ -265,6 +272,7 @@ class CheckpointManager:
             # Other nodes' local copies: their ranks' files are in place, so commit them too.
             if decision[0] and decision[2] is not None:
                 self.tier.write_manifest(step, decision[2])
+                self.tier.drop_mismatches(step, decision[2], local_entries or {})
                 self.tier.retain(self.keep)
             elif not decision[0]:
                 self.tier.discard(step)

@@ -54,6 +54,8 @@ class Snapshot:
     local_only: set[str] = field(default_factory=set)
     """Files for this node's local copy only (the replicated state, held by a node
     leader other than rank 0 so that its node's ranks resume from its own disk)."""
+    local_entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Size and sha256 of the ``local_only`` files as written."""
     deferred: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     """(host buffer, live tensor) copies still to make: parameters and optimizer state,
     which only the next ``optimizer.step()`` changes (see :func:`capture`)."""

@@ -86,6 +86,20 @@ class LocalTier:
         """The local commit point on a node other than rank 0's (rank 0 commits through the manager)."""
         self.store.write_bytes(f"{step_folder(step)}/{MANIFEST}", manifest)
 
+    def drop_mismatches(self, step: int, manifest: bytes, written: dict[str, dict]) -> list[str]:
+        """Delete this node's copies of replicated files that differ from rank 0's
+        (replicas that diverged): a resume then reads them from the root."""
+        listed = Manifest.decode(manifest, self.store.describe(step_folder(step))).files
+        differing = sorted(name for name, entry in written.items() if listed.get(name) != entry)
+        if differing:
+            log.warning(
+                "step %d: this node's %s differ from rank 0's (replicas diverged); removed from the local copy, "
+                "a resume reads them from the root",
+                step, ", ".join(differing),
+            )  # fmt: skip
+            self.store.delete([f"{step_folder(step)}/{name}" for name in differing])
+        return differing
+
     def discard(self, step: int) -> None:
         try:
             self.store.delete_prefix(step_folder(step))

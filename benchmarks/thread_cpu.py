@@ -25,7 +25,8 @@ def group_of(name: str | None) -> str:
         return "native (torch/OpenMP, SDK)"
     rules = (
         ("process_request_thread", "moto server"), ("_server_entry", "moto server"),
-        ("skylift-checkpoint", "checkpoint writer"), ("ThreadPoolExecutor", "boto3 upload"),
+        ("skylift-checkpoint", "checkpoint writer"), ("skylift-s3-part", "S3 upload parts"),
+        ("ThreadPoolExecutor", "boto3 upload"),
         ("MainThread", "main (training, capture)"), ("skylift-notice", "notice watcher"),
         ("fake-metadata", "metadata server"), (_SAMPLER_NAME, "cpu sampler"),
     )  # fmt: skip

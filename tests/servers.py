@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 SENTINEL_KEY_ID = "AKIASENTINELKEYID0001"
 SENTINEL_SECRET = "sentinel-secret-value-never-log-me-0001"
@@ -79,14 +80,16 @@ class MotoServer:
 class FaultyProxy:
     """An HTTP proxy on 127.0.0.1 in front of ``upstream_port`` that injects faults.
 
-    ``fail(n, status)`` answers the next n requests with an error status,
+    ``fail(n, status)`` answers the next n requests with an error status (with
+    ``when``, the next n requests for which ``when(method, path)`` is true),
     ``drop(n)`` closes the next n connections without answering, ``truncate(n)``
     sends only half of the next n response bodies.
     """
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
-        self.faults: deque[tuple[str, int]] = deque()
+        self.faults: deque[tuple[str, int, Callable[[str, str], bool] | None]] = deque()
+        self._faults_lock = threading.Lock()
         self.requests_seen = 0
         self.faults_injected = 0
         proxy = self
@@ -101,7 +104,7 @@ class FaultyProxy:
                 proxy.requests_seen += 1
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                fault = proxy.faults.popleft() if proxy.faults else None
+                fault = proxy.take_fault(self.command, self.path)
                 if fault and fault[0] == "drop":
                     proxy.faults_injected += 1
                     self.close_connection = True
@@ -145,14 +148,23 @@ class FaultyProxy:
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def fail(self, count: int, status: int = 503) -> None:
-        self.faults.extend([("status", status)] * count)
+    def fail(self, count: int, status: int = 503, when: Callable[[str, str], bool] | None = None) -> None:
+        self.faults.extend([("status", status, when)] * count)
 
     def drop(self, count: int) -> None:
-        self.faults.extend([("drop", 0)] * count)
+        self.faults.extend([("drop", 0, None)] * count)
 
     def truncate(self, count: int) -> None:
-        self.faults.extend([("truncate", 0)] * count)
+        self.faults.extend([("truncate", 0, None)] * count)
+
+    def take_fault(self, method: str, path: str) -> tuple[str, int, object] | None:
+        """The first queued fault that applies to this request, removed from the queue."""
+        with self._faults_lock:
+            for fault in self.faults:
+                if fault[2] is None or fault[2](method, path):
+                    self.faults.remove(fault)
+                    return fault
+        return None
 
     def close(self) -> None:
         self._server.shutdown()

@@ -74,7 +74,7 @@ def test_transient_faults_are_retried(proxy, s3_bucket, fault):
     assert len(store.retry.attempts_log) == 3
 
 
-def test_streamed_write_restarts_its_chunks_on_retry(proxy, s3_bucket):
+def test_streamed_write_is_retried_without_reading_its_chunks_again(proxy, s3_bucket):
     store = open_store(
         f"s3://{s3_bucket}/r",
         endpoint_url=proxy.endpoint_url,
@@ -90,7 +90,7 @@ def test_streamed_write_restarts_its_chunks_on_retry(proxy, s3_bucket):
     proxy.fail(2, 503)
     store.write_chunks("streamed", chunks)
     assert store.read_bytes("streamed") == b"a" * 5000 + b"b" * 5000
-    assert len(passes) == 3
+    assert len(passes) == 1 and len(store.retry.attempts_log) == 2
 
 
 def test_a_streamed_object_larger_than_a_part_goes_up_in_parts(moto_server, s3_bucket):
@@ -108,14 +108,43 @@ def test_a_streamed_object_larger_than_a_part_goes_up_in_parts(moto_server, s3_b
     assert store.read_bytes("big") == chunk * 12
 
 
-def test_chunk_reader_fills_each_read_across_chunks():
-    from skylift.storage.s3 import _ChunkReader
+def test_chunks_are_regrouped_into_parts_of_the_part_size():
+    from skylift.storage.s3 import _parts
 
-    reader = _ChunkReader([b"abc", memoryview(b"defg"), b"", b"hi"])
-    assert reader.read(5) == b"abcde"
-    assert reader.read(1) == b"f"
-    assert reader.read(10) == b"ghi"
-    assert reader.read(10) == b""
+    assert list(_parts([b"abc", memoryview(b"defg"), b"", b"hi"], 4)) == [b"abcd", b"efgh", b"i"]
+    assert list(_parts([b"abcd"], 4)) == [b"abcd"]
+    assert list(_parts([], 4)) == []
+
+
+def test_a_failed_part_is_retried_alone_and_the_chunks_are_read_once(proxy, s3_bucket):
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=RetryPolicy(**FAST_RETRY))
+    store.part_bytes = 5 * 1024**2
+    chunk, passes = bytes(range(256)) * 4096, []
+
+    def chunks():
+        passes.append(1)
+        yield from [chunk] * 12
+
+    proxy.fail(2, 503, when=lambda method, path: method == "PUT" and "partNumber=2" in path)
+    store.write_chunks("big", chunks)
+    assert store.read_bytes("big") == chunk * 12
+    assert proxy.faults_injected == 2 and len(store.retry.attempts_log) == 2
+    assert passes == [1]
+
+
+def test_an_upload_that_fails_for_good_is_aborted(proxy, moto_server, s3_bucket):
+    import boto3
+
+    from skylift.storage import StoragePermanentError
+
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=RetryPolicy(**FAST_RETRY))
+    store.part_bytes = 5 * 1024**2
+    proxy.fail(1, 403, when=lambda method, path: method == "PUT" and "partNumber=3" in path)
+    with pytest.raises(StoragePermanentError, match="access denied"):
+        store.write_chunks("denied", lambda: iter([bytes(1024**2)] * 12))
+    client = boto3.client("s3", endpoint_url=moto_server.endpoint_url)
+    assert not client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads")
+    assert not store.exists("denied")
 
 
 def test_retries_give_up_with_a_typed_error(proxy, s3_bucket):

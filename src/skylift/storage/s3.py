@@ -9,9 +9,11 @@ standard credential chain and never appear in a message.
 
 from __future__ import annotations
 
-import io
+import itertools
+import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from skylift.storage.base import Chunks, Store
@@ -26,6 +28,7 @@ from skylift.storage.retry import RetryPolicy
 __all__ = ["S3Store", "endpoint_for"]
 
 T = TypeVar("T")
+log = logging.getLogger("skylift")
 
 _TRANSIENT_CODES = {
     "SlowDown",
@@ -56,7 +59,11 @@ _ENDPOINT_VARIABLES = {
     "oss": ("SKYLIFT_OSS_ENDPOINT_URL", "OSS_ENDPOINT"),
     "cos": ("SKYLIFT_COS_ENDPOINT_URL", "COS_ENDPOINT"),
 }
+# 64 MiB parts, not boto3's 8: S3 allows 10,000 parts, so a streamed object of unknown
+# size is capped by its part size (8 MiB: 80 GiB; 64 MiB: 640 GiB), and fewer requests
+# cost less CPU per byte.
 _PART_BYTES = 64 * 1024**2
+_MAX_PARTS = 10_000
 _PARALLEL_PARTS = 4
 
 
@@ -112,35 +119,115 @@ class S3Store(Store):
 
     def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         # A PUT (or a completed multipart upload) is atomic in S3: no partial object is ever visible.
+        if not if_absent and len(data) > self.part_bytes:
+            step = self.part_bytes
+            self._multipart(
+                key, (data[start : start + step] for start in range(0, len(data), step))
+            )
+            return
+
         def put() -> None:
-            if if_absent or len(data) < self.part_bytes:
-                extra = {"IfNoneMatch": "*"} if if_absent else {}
-                self._client.put_object(
-                    Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra
-                )
-            else:
-                self._client.upload_fileobj(
-                    io.BytesIO(data),
-                    self.bucket,
-                    self.object_key(key),
-                    Config=_transfer_config(self.part_bytes),
-                )
+            extra = {"IfNoneMatch": "*"} if if_absent else {}
+            self._client.put_object(
+                Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra
+            )
 
         self._call(put, key, "write")
 
     def write_chunks(self, key: str, make_chunks: Chunks) -> None:
-        """Stream large objects through a multipart upload; each retry starts the chunks afresh."""
+        """One PUT when the object fits in a part, else a multipart upload.
 
-        def upload() -> None:
-            reader = _ChunkReader(make_chunks())
-            self._client.upload_fileobj(
-                reader,
-                self.bucket,
-                self.object_key(key),
-                Config=_transfer_config(self.part_bytes),
+        The chunks are read once: a transient error costs one part's retry, not the
+        whole object again.
+        """
+        parts = _parts(make_chunks(), self.part_bytes)
+        first = next(parts, b"")
+        second = next(parts, None)
+        if second is None:
+            self.write_bytes(key, first)
+            return
+        self._multipart(key, itertools.chain((first, second), parts))
+
+    def _multipart(self, key: str, parts: Iterable[bytes]) -> None:
+        """Upload ``parts`` in parallel (at most ``_PARALLEL_PARTS`` in memory), each
+        retried on its own, then complete; abort on any failure (nothing becomes visible)."""
+        object_key = self.object_key(key)
+        upload_id = self._call(
+            lambda: self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=object_key
+            )["UploadId"],
+            key,
+            "write",
+        )
+        try:
+            etags = self._upload_parts(key, upload_id, parts)
+            done = {
+                "Parts": [
+                    {"ETag": etag, "PartNumber": number}
+                    for number, etag in enumerate(etags, 1)
+                ]
+            }
+            self._call(
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=object_key,
+                    UploadId=upload_id,
+                    MultipartUpload=done,
+                ),
+                key,
+                "write",
+            )
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
+
+    def _upload_parts(
+        self, key: str, upload_id: str, parts: Iterable[bytes]
+    ) -> list[str]:
+        def upload(number: int, body: bytes) -> str:
+            return self._call(
+                lambda: self._client.upload_part(
+                    Bucket=self.bucket,
+                    Key=self.object_key(key),
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=body,
+                )["ETag"],
+                key,
+                f"write part {number} of",
             )
 
-        self._call(upload, key, "write")
+        futures: list[Future[str]] = []
+        with ThreadPoolExecutor(
+            _PARALLEL_PARTS, thread_name_prefix="skylift-s3-part"
+        ) as pool:
+            in_flight: set[Future[str]] = set()
+            for number, body in enumerate(parts, 1):
+                if number > _MAX_PARTS:
+                    raise StoragePermanentError(
+                        f"{self.describe(key)} is larger than S3's {_MAX_PARTS:,} parts of "
+                        f"{self.part_bytes / 1024**2:.0f} MiB; split the object"
+                    )
+                if len(in_flight) >= _PARALLEL_PARTS:
+                    finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        future.result()  # a part that failed for good stops the upload now
+                future = pool.submit(upload, number, body)
+                futures.append(future)
+                in_flight.add(future)
+        return [future.result() for future in futures]
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        try:
+            self._client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self.object_key(key), UploadId=upload_id
+            )
+        except Exception as error:  # the upload failed already; report that, not this
+            log.warning(
+                "could not abort the multipart upload of %s (%s); its parts stay billed until a lifecycle rule "
+                "for incomplete multipart uploads removes them",
+                self.describe(key), type(error).__name__,
+            )  # fmt: skip
 
     def read_bytes(self, key: str) -> bytes:
         def get() -> bytes:
@@ -285,52 +372,26 @@ def _make_client(scheme: str, endpoint_url: str | None) -> Any:
     return new_client(endpoint_url, config)
 
 
-class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterator of chunks, for ``upload_fileobj``."""
+def _parts(chunks: Iterable[bytes | memoryview], part_bytes: int) -> Iterator[bytes]:
+    """The chunks regrouped into parts of ``part_bytes`` (the last one shorter).
 
-    def __init__(self, chunks: Iterable[bytes | memoryview]) -> None:
-        self._chunks = iter(chunks)
-        self._current = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        """``size`` bytes, fewer only at the end.
-
-        s3transfer cuts one part per ``read`` and takes a short read for the end of the
-        object; ``io.RawIOBase.read`` stops after one chunk, which made every streamed
-        file a single PUT (never multipart, and S3 refuses a PUT over 5 GB). The pieces
-        are joined without an intermediate copy: a chunk stays unchanged until the write
-        returns (the :data:`~skylift.storage.base.Chunks` contract).
-        """
-        if size is None or size < 0:
-            return self.readall()
-        pieces: list[memoryview] = []
-        wanted = size
-        while wanted:
-            if not len(self._current):
-                chunk = next(self._chunks, None)
-                if chunk is None:
-                    break
-                self._current = memoryview(chunk).cast("B")
-            piece = self._current[:wanted]
+    Each part is joined from views of the chunks, one copy: a chunk stays unchanged
+    until the write returns (the :data:`~skylift.storage.base.Chunks` contract).
+    """
+    pieces: list[memoryview] = []
+    wanted = part_bytes
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while len(view):
+            piece = view[:wanted]
             pieces.append(piece)
-            self._current = self._current[len(piece) :]
+            view = view[len(piece) :]
             wanted -= len(piece)
-        return b"".join(pieces)
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        while not len(self._current):
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._current = memoryview(chunk).cast("B")
-        count = min(len(target), len(self._current))
-        target[:count] = self._current[:count]
-        self._current = self._current[count:]
-        return count
+            if not wanted:
+                yield b"".join(pieces)
+                pieces, wanted = [], part_bytes
+    if pieces:
+        yield b"".join(pieces)
 
 
 def _addressing_style(scheme: str) -> str:
@@ -344,24 +405,6 @@ def _addressing_style(scheme: str) -> str:
             )
         return configured
     return "virtual" if scheme in ("oss", "cos") else "auto"
-
-
-def _transfer_config(part_bytes: int) -> Any:
-    from boto3.s3.transfer import TransferConfig
-
-    # 64 MiB parts, not boto3's 8: S3 allows 10,000 parts, and a streamed upload of
-    # unknown size cannot grow its parts later, so 8 MiB parts would cap a file at
-    # 80 GiB (64 MiB: 640 GiB); a sixth of the requests also costs less CPU per byte.
-    config = TransferConfig(
-        multipart_threshold=part_bytes,
-        multipart_chunksize=part_bytes,
-        max_concurrency=_PARALLEL_PARTS,
-        use_threads=True,
-    )
-    # A streamed upload buffers this many parts (s3transfer's default 10: 640 MiB);
-    # boto3's constructor does not take it.
-    config.max_in_memory_upload_chunks = _PARALLEL_PARTS
-    return config
 
 
 def _read_body(response: dict[str, Any]) -> bytes:

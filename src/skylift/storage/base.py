@@ -10,7 +10,7 @@ import abc
 from collections.abc import Callable, Iterable
 
 Chunks = Callable[[], Iterable[bytes | memoryview]]
-"""A factory of the chunks of one object: called again for each retry.
+"""A factory of the chunks of one object; a backend may call it again to retry a write.
 
 A chunk must stay unchanged until the write that consumes it returns (backends may
 hold several chunks before copying them into one request)."""

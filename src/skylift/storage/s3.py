@@ -31,28 +31,11 @@ T = TypeVar("T")
 log = logging.getLogger("skylift")
 
 _TRANSIENT_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestLimitExceeded",
-    "ConditionalRequestConflict",
-    "OperationAborted",
-    "500",
-    "502",
-    "503",
-    "504",
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
+    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "ConditionalRequestConflict",
+    "OperationAborted", "500", "502", "503", "504",
 }
-_CREDENTIAL_CODES = {
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "TokenRefreshRequired",
-}
+_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired"}
 # Environment variables naming the endpoint of each scheme's S3-compatible API.
 _ENDPOINT_VARIABLES = {
     "s3": ("SKYLIFT_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -89,13 +72,7 @@ class S3Store(Store):
         retry: the retry policy for every call.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        endpoint_url: str | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> None:
+    def __init__(self, url: str, *, endpoint_url: str | None = None, retry: RetryPolicy | None = None) -> None:
         scheme, _, rest = url.partition("://")
         self.scheme = scheme
         self.bucket, _, prefix = rest.partition("/")
@@ -121,16 +98,12 @@ class S3Store(Store):
         # A PUT (or a completed multipart upload) is atomic in S3: no partial object is ever visible.
         if not if_absent and len(data) > self.part_bytes:
             step = self.part_bytes
-            self._multipart(
-                key, (data[start : start + step] for start in range(0, len(data), step))
-            )
+            self._multipart(key, (data[start : start + step] for start in range(0, len(data), step)))
             return
 
         def put() -> None:
             extra = {"IfNoneMatch": "*"} if if_absent else {}
-            self._client.put_object(
-                Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra
-            )
+            self._client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra)
 
         self._call(put, key, "write")
 
@@ -151,56 +124,30 @@ class S3Store(Store):
     def _multipart(self, key: str, parts: Iterable[bytes]) -> None:
         """Upload ``parts`` in parallel (at most ``_PARALLEL_PARTS`` in memory), each
         retried on its own, then complete; abort on any failure (nothing becomes visible)."""
-        object_key = self.object_key(key)
-        upload_id = self._call(
-            lambda: self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=object_key
-            )["UploadId"],
-            key,
-            "write",
-        )
+        target = {"Bucket": self.bucket, "Key": self.object_key(key)}
+        upload_id = self._call(lambda: self._client.create_multipart_upload(**target)["UploadId"], key, "write")
         try:
-            etags = self._upload_parts(key, upload_id, parts)
-            done = {
-                "Parts": [
-                    {"ETag": etag, "PartNumber": number}
-                    for number, etag in enumerate(etags, 1)
-                ]
-            }
+            etags = self._upload_parts(key, {**target, "UploadId": upload_id}, parts)
+            done = {"Parts": [{"ETag": etag, "PartNumber": number} for number, etag in enumerate(etags, 1)]}
             self._call(
-                lambda: self._client.complete_multipart_upload(
-                    Bucket=self.bucket,
-                    Key=object_key,
-                    UploadId=upload_id,
-                    MultipartUpload=done,
-                ),
+                lambda: self._client.complete_multipart_upload(**target, UploadId=upload_id, MultipartUpload=done),
                 key,
                 "write",
             )
         except BaseException:
-            self._abort(key, upload_id)
+            self._abort(key, {**target, "UploadId": upload_id})
             raise
 
-    def _upload_parts(
-        self, key: str, upload_id: str, parts: Iterable[bytes]
-    ) -> list[str]:
-        def upload(number: int, body: bytes) -> str:
+    def _upload_parts(self, key: str, upload: dict[str, str], parts: Iterable[bytes]) -> list[str]:
+        def send(number: int, body: bytes) -> str:
             return self._call(
-                lambda: self._client.upload_part(
-                    Bucket=self.bucket,
-                    Key=self.object_key(key),
-                    UploadId=upload_id,
-                    PartNumber=number,
-                    Body=body,
-                )["ETag"],
+                lambda: self._client.upload_part(**upload, PartNumber=number, Body=body)["ETag"],
                 key,
                 f"write part {number} of",
             )
 
         futures: list[Future[str]] = []
-        with ThreadPoolExecutor(
-            _PARALLEL_PARTS, thread_name_prefix="skylift-s3-part"
-        ) as pool:
+        with ThreadPoolExecutor(_PARALLEL_PARTS, thread_name_prefix="skylift-s3-part") as pool:
             in_flight: set[Future[str]] = set()
             for number, body in enumerate(parts, 1):
                 if number > _MAX_PARTS:
@@ -212,16 +159,14 @@ class S3Store(Store):
                     finished, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
                     for future in finished:
                         future.result()  # a part that failed for good stops the upload now
-                future = pool.submit(upload, number, body)
+                future = pool.submit(send, number, body)
                 futures.append(future)
                 in_flight.add(future)
         return [future.result() for future in futures]
 
-    def _abort(self, key: str, upload_id: str) -> None:
+    def _abort(self, key: str, upload: dict[str, str]) -> None:
         try:
-            self._client.abort_multipart_upload(
-                Bucket=self.bucket, Key=self.object_key(key), UploadId=upload_id
-            )
+            self._client.abort_multipart_upload(**upload)
         except Exception as error:  # the upload failed already; report that, not this
             log.warning(
                 "could not abort the multipart upload of %s (%s); its parts stay billed until a lifecycle rule "
@@ -231,9 +176,7 @@ class S3Store(Store):
 
     def read_bytes(self, key: str) -> bytes:
         def get() -> bytes:
-            response = self._client.get_object(
-                Bucket=self.bucket, Key=self.object_key(key)
-            )
+            response = self._client.get_object(Bucket=self.bucket, Key=self.object_key(key))
             return _read_body(response)
 
         return self._call(get, key, "read")
@@ -244,9 +187,7 @@ class S3Store(Store):
 
         def get() -> bytes:
             response = self._client.get_object(
-                Bucket=self.bucket,
-                Key=self.object_key(key),
-                Range=f"bytes={start}-{end - 1}",
+                Bucket=self.bucket, Key=self.object_key(key), Range=f"bytes={start}-{end - 1}"
             )
             return _read_body(response)
 
@@ -261,20 +202,12 @@ class S3Store(Store):
 
     def size(self, key: str) -> int:
         def head() -> int:
-            return int(
-                self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))[
-                    "ContentLength"
-                ]
-            )
+            return int(self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))["ContentLength"])
 
         return self._call(head, key, "stat")
 
     def list(self, prefix: str = "") -> list[str]:
-        full_prefix = (
-            self.object_key(prefix)
-            if prefix
-            else (f"{self.prefix}/" if self.prefix else "")
-        )
+        full_prefix = self.object_key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
 
         def list_all() -> list[str]:
             keys = []
@@ -288,14 +221,10 @@ class S3Store(Store):
 
     def delete(self, keys: Iterable[str]) -> None:
         pending = [{"Key": self.object_key(key)} for key in keys]
-        for offset in range(
-            0, len(pending), 1000
-        ):  # DeleteObjects takes at most 1,000 keys
+        for offset in range(0, len(pending), 1000):  # DeleteObjects takes at most 1,000 keys
             batch = pending[offset : offset + 1000]
             self._call(
-                lambda batch=batch: self._client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": batch}
-                ),
+                lambda batch=batch: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}),
                 "",
                 "delete",
             )
@@ -314,14 +243,10 @@ class S3Store(Store):
 
         if not isinstance(error, ClientError):
             if _is_connection_problem(error):
-                return StorageTransientError(
-                    f"{type(error).__name__} talking to {self.endpoint_url or 'S3'}"
-                )
+                return StorageTransientError(f"{type(error).__name__} talking to {self.endpoint_url or 'S3'}")
             return error
         code = str(error.response.get("Error", {}).get("Code", ""))
-        status = int(
-            error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
-        )
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         where = self.describe(key)
         if code in _TRANSIENT_CODES or status >= 500 or status == 429:
             return StorageTransientError(f"{code or status} (HTTP {status})")
@@ -432,6 +357,4 @@ def _is_connection_problem(error: Exception) -> bool:
         return True
     import urllib3.exceptions
 
-    return isinstance(
-        error, (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError)
-    )
+    return isinstance(error, (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError))

@@ -94,8 +94,8 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
 
     # torchrun would force 1 thread per worker with a warning; share the cores instead.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // topology.nproc)))
-    interface = _loopback_interface()
-    if _is_loopback(topology.master_addr) and interface:
+    interface = _loopback_interface() if _is_loopback(topology.master_addr) else None
+    if interface:
         # A rendezvous on loopback means one machine; gloo would otherwise bind the
         # address the host name resolves to, which may be a network card's.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)

@@ -1,10 +1,18 @@
-"""Shared fixtures: run the real CLI in a subprocess, as a user would."""
+"""Shared fixtures: run the real CLI in a subprocess, as a user would.
+
+Nothing a test does may reach past 127.0.0.0/8: the network guard
+(``tests/netguard/skylift_netguard.py``) is installed here for this process and, through
+``PYTHONPATH``, in every Python process the tests start; a refusal anywhere fails the
+test that was running.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +20,48 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
+NETGUARD_DIR = REPO_ROOT / "tests" / "netguard"
+NETGUARD_LOG = Path(tempfile.mkdtemp(prefix="skylift-netguard-"))
+
+# Set before any fixture or test starts a process, so every child inherits the guard.
+os.environ["SKYLIFT_NETGUARD_LOG"] = str(NETGUARD_LOG)
+# torch.compile's kernel cache of this session only: its key leaves out ATEN_CPU_CAPABILITY, so
+# kernels a run under another capability left in the shared cache load here and corrupt memory
+# (seen as garbage max-pool indices and "free(): invalid pointer").
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(NETGUARD_LOG.parent / f"{NETGUARD_LOG.name}-inductor")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(NETGUARD_DIR))
+import skylift_netguard  # noqa: E402 - after sys.path names its folder
+
+skylift_netguard.install()
+
+
+def take_network_refusals() -> list[str]:
+    """Every refusal written since the last call, by this process or any child; clears them."""
+    refusals = []
+    for path in sorted(NETGUARD_LOG.glob("*.log")):
+        refusals += path.read_text(encoding="utf-8").splitlines()
+        path.unlink()
+    return refusals
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only():
+    # One that arrived after the previous test ended came from a process it left running.
+    if refusals := take_network_refusals():
+        _fail_for(refusals, "a process still running from an earlier test reached past loopback:")
+    yield
+    if refusals := take_network_refusals():
+        _fail_for(refusals, "the test reached past loopback:")
+
+
+def _fail_for(refusals: list[str], headline: str) -> None:
+    pytest.fail("\n".join([headline, *dict.fromkeys(refusals)]), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(NETGUARD_LOG, ignore_errors=True)
+    shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

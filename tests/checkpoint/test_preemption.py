@@ -73,7 +73,8 @@ OVERRIDES = (
 
 
 def _environment(cloud: str | None = None, endpoint: str = DEAD_ENDPOINT) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SKYLIFT_")}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SKYLIFT_") or key.startswith("SKYLIFT_NETGUARD_")}  # the guard stays
     env.update(PYTHONUNBUFFERED="1", SKYLIFT_METADATA_ENDPOINT=endpoint)
     if cloud is not None:
         env["SKYLIFT_CLOUD"] = cloud

@@ -106,10 +106,14 @@ def open_page(url: str, *, width: int = 1280, height: int = 900, full_page: bool
     with tempfile.TemporaryDirectory(prefix="skylift-chromium-") as profile:
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-extensions", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe",
+                 # The browser's own calls home (updates, sync, safe browsing) stay off.
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-default-apps", "--no-default-browser-check",
                  f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"]
         # bash (dash takes single-digit fds only) puts our pipe ends on fds 3 and 4, where the browser expects them.
         script = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
-        browser = subprocess.Popen(["bash", "-c", script, executable, *flags], pass_fds=(to_browser_r, from_browser_w),
+        browser = subprocess.Popen([*_without_network(), "bash", "-c", script, executable, *flags],
+                                   pass_fds=(to_browser_r, from_browser_w),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(to_browser_r)
         os.close(from_browser_w)
@@ -128,6 +132,17 @@ def open_page(url: str, *, width: int = 1280, height: int = 900, full_page: bool
             except subprocess.TimeoutExpired:
                 browser.kill()
                 browser.wait()
+
+
+def _without_network() -> list[str]:
+    """A prefix that starts the browser in a network namespace of its own, where it can
+    reach nothing (the suite's Python network guard does not see a native browser); empty
+    where the namespace cannot be made (not root, no ``unshare``), with the flags above."""
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        return []
+    probe = subprocess.run([unshare, "--net", "true"], capture_output=True, timeout=10)
+    return [unshare, "--net"] if probe.returncode == 0 else []
 
 
 def _above_nine(fd: int) -> int:

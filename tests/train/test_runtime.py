@@ -99,6 +99,15 @@ def test_clipping_bounds_the_gradient_norm():
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_mixed_precision_trains_on_cpu(precision):
+    """bf16 where PyTorch's kernels for this CPU have it natively (AVX512-BF16, AMX); on other
+    CPUs, or under ATEN_CPU_CAPABILITY=avx2/default, asking for it is refused with the fix."""
+    from skylift.errors import SkyliftConfigError
+    from skylift.train.precision import DeviceInfo
+
+    if precision == "bf16" and not DeviceInfo.detect(torch.device("cpu")).cpu_native_bf16:
+        with pytest.raises(SkyliftConfigError, match="precision: fp32 or precision: auto"):
+            Runtime(precision="bf16", context=CPU)
+        return
     inputs, targets = _data(256)
     model, runtime, losses = _train(
         _model(), inputs, targets, accumulation_steps=2, micro_batch=8, steps=16, clip=1.0, precision=precision, lr=0.05

@@ -126,6 +126,8 @@ def _loader_advice(context: _Context) -> str:
             return f"data.num_workers {chosen} → {best} measured {gain:+.0%} samples/s"
         return (f"the loader is already at its measured best (num_workers {chosen}); decoding needs more CPU: "
                 "store pre-decoded or smaller samples (skylift shard), or pick an instance with more vCPUs per GPU")
+    if workers == "auto":  # the tuner had not finished its sweep when the run ended
+        return "data.num_workers: auto had not finished measuring when the run ended: run longer, or set a count"
     if workers is not None and cpus and workers < cpus:
         return f"set data.num_workers: auto (now {workers}, {cpus} CPUs) to measure and pick the fastest loader"
     return "the loader uses every CPU: store pre-decoded or smaller samples, or pick an instance with more vCPUs per GPU"

@@ -1,0 +1,1 @@
+"""The suite-wide network guard (see ``skylift_netguard``)."""

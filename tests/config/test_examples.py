@@ -8,7 +8,7 @@ from skylift.config import load_config
 from skylift.train.preflight import preflight
 from tests.conftest import EXAMPLES
 
-EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+EXAMPLE_FILES = sorted(EXAMPLES.rglob("*.yaml"))  # presets and the configs of examples in folders
 
 
 def test_examples_exist():

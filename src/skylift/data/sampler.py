@@ -70,19 +70,27 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.epoch = 0
         self.start_step = 0
+        self.start_sample = 0
 
     @property
     def steps_per_epoch(self) -> int:
         return self.num_samples // self.global_batch_size
 
     @property
+    def _remaining_steps(self) -> int:
+        return max((self.num_samples - self.start_sample) // self.global_batch_size - self.start_step, 0)
+
+    @property
     def micro_batch_size(self) -> int:
         return self.global_batch_size // (self.world_size * self.accumulation_steps)
 
-    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Select the epoch's permutation and skip its first ``start_step`` global batches."""
+    def set_epoch(self, epoch: int, start_step: int = 0, *, start_sample: int = 0) -> None:
+        """Select the epoch's permutation and skip its first ``start_sample`` samples, then
+        ``start_step`` global batches. A position in samples survives a change of the
+        global batch (a resume on another process count with the same per-rank batch)."""
         self.epoch = epoch
         self.start_step = start_step
+        self.start_sample = start_sample
 
     def global_order(self) -> list[int]:
         if not self.shuffle:
@@ -95,21 +103,23 @@ class GlobalBatchSampler(Sampler[list[int]]):
         order = self.global_order()
         per_rank = self.global_batch_size // self.world_size
         micro = self.micro_batch_size
-        for step in range(self.start_step, self.steps_per_epoch):
-            begin = step * self.global_batch_size + self.rank * per_rank
+        first = self.start_sample + self.start_step * self.global_batch_size
+        for step in range(self._remaining_steps):
+            begin = first + step * self.global_batch_size + self.rank * per_rank
             mine = order[begin : begin + per_rank]
             for offset in range(0, per_rank, micro):
                 yield mine[offset : offset + micro]
 
     def __len__(self) -> int:
-        return (self.steps_per_epoch - self.start_step) * self.accumulation_steps
+        return self._remaining_steps * self.accumulation_steps
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "start_step": self.start_step, "seed": self.seed}
+        return {"epoch": self.epoch, "start_step": self.start_step, "start_sample": self.start_sample,
+                "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state["seed"])
-        self.set_epoch(int(state["epoch"]), int(state["start_step"]))
+        self.set_epoch(int(state["epoch"]), int(state["start_step"]), start_sample=int(state.get("start_sample", 0)))
 
 
 class ShardedEvalSampler(Sampler[list[int]]):

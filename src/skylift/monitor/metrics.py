@@ -30,7 +30,13 @@ from skylift.monitor.schema import BREAKDOWN_PHASES
 from skylift.run_dir import RunDirectory
 from skylift.train.events import Callback, TrainState
 
-__all__ = ["MetricsLogger"]
+__all__ = ["RESERVED_TRAIN_FIELDS", "MetricsLogger"]
+
+RESERVED_TRAIN_FIELDS = frozenset({
+    "kind", "step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "step_time_s", "data_wait_s",
+    "samples_seen", "time", "mfu", "flops_per_step", "breakdown_s", "breakdown_by_rank_s",
+})
+"""Fields of a ``train`` record that skylift writes; a user's own scalars take other names."""
 
 
 class MetricsLogger(Callback):
@@ -53,6 +59,8 @@ class MetricsLogger(Callback):
         self._pending: list[dict[str, Any]] = []
         self._pending_tensors: list[torch.Tensor] = []
         self._pending_breakdowns: list[torch.Tensor] = []
+        self._pending_scalars: list[tuple[dict[str, Any], list[str], torch.Tensor]] = []
+        """(record, names, values on the device) of the user's own scalars (``Runtime.log``)."""
         self._interval_started = time.perf_counter()
         self._file: Any = None
         self._tensorboard: Any = None
@@ -110,6 +118,13 @@ class MetricsLogger(Callback):
             values = [breakdown[phase] for phase in BREAKDOWN_PHASES]
             self._pending_breakdowns.append(torch.tensor(values, dtype=torch.float64))
         self._pending.append(record)
+        scalars = state.extra.get("scalars")
+        if scalars:
+            names = sorted(scalars)
+            device = state.loss.device
+            values = torch.stack([torch.as_tensor(scalars[name], device=device).detach().float().reshape(())
+                                  for name in names])
+            self._pending_scalars.append((record, names, values))
         if state.step % self.log_every_steps == 0 or state.step >= state.total_steps:
             self.flush(state)
 
@@ -146,6 +161,7 @@ class MetricsLogger(Callback):
             values /= dist.get_world_size()
         rows = values.tolist()
         by_rank = self._gather_breakdowns()
+        self._resolve_scalars()
         remote = self._gather_remote()
         elapsed = time.perf_counter() - self._interval_started
         # The samples the interval really took (token-budget steps vary in size).
@@ -176,6 +192,21 @@ class MetricsLogger(Callback):
         self._samples_at_interval_start = state.samples_seen
         for hook in self.after_flush:
             hook(state, elapsed / len(rows) if rows else None)
+
+    def _resolve_scalars(self) -> None:
+        """Average the user's scalars over ranks (one all-reduce for the interval) into their records."""
+        pending, self._pending_scalars = self._pending_scalars, []
+        if not pending:
+            return
+        values = torch.cat([entry[2] for entry in pending])
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            values /= dist.get_world_size()
+        flat = iter(values.tolist())
+        for record, names, _ in pending:
+            for name in names:
+                record[name] = next(flat)
+                self._scalar(f"train/{name}", record[name], record["step"])
 
     def _mfu(self, samples: int, elapsed_s: float) -> float | None:
         if self._flops_per_sample is None or not self._peak_flops_per_s or elapsed_s <= 0:

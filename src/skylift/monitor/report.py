@@ -11,6 +11,7 @@ import base64
 import html
 import io
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,17 @@ class _Section:
     body_html: str = ""
     png_path: Path | None = None
     png_bytes: bytes | None = None
+
+
+def write_run_report(config: Any) -> Report | None:
+    """The report a finished run writes (``monitor.report``); a failure is a warning, not a lost run."""
+    if not config.monitor.report:
+        return None
+    try:
+        return write_report(config.run_dir)
+    except Exception:  # noqa: BLE001 - the run itself succeeded; say why the report did not
+        logging.getLogger("skylift").warning("could not write the report", exc_info=True)
+        return None
 
 
 def write_report(run_dir: str | Path, output_dir: str | Path | None = None) -> Report:

@@ -82,6 +82,10 @@ class RunStartRecord(_Record):
     """Price of the whole job per hour (all nodes); ``null`` when unknown."""
     on_demand_usd_per_hour: float | None
     """On-demand price of the same machines, for the spot savings figure."""
+    nccl_settings: dict[str, Any] | None = None
+    """NCCL variables ``skylift run``/``launch`` set for the workers from the machine's facts
+    (``set``: name, value, reason), the user's own values it kept (``kept``) and a ``note``;
+    ``null`` when the workers were not started by skylift's launcher."""
 
 
 class TrainRecord(_Record):

@@ -111,11 +111,14 @@ class RunMonitor(Callback):
         Per sample is exact for fixed-size inputs; for token-budget batches of varying
         length it takes the first batch's mix as typical.
         """
-        self._flops_counted = True
         from skylift.monitor.flops import count_step_flops
 
-        micro_flops = count_step_flops(module, batch, loss)
-        if micro_flops is not None and self._peak.flops_per_s and batch_size > 0:
+        self.record_flops(count_step_flops(module, batch, loss), batch_size)
+
+    def record_flops(self, micro_flops: float | None, batch_size: int) -> None:
+        """FLOPs of one micro-step (forward + backward) of ``batch_size`` samples, counted by the caller."""
+        self._flops_counted = True
+        if micro_flops and self._peak.flops_per_s and batch_size > 0:
             self.metrics.set_flops(micro_flops / batch_size, self._peak.flops_per_s, self.context.world_size)
 
     # -- parts ----------------------------------------------------------------------
@@ -146,6 +149,7 @@ class RunMonitor(Callback):
             "cpu_count": _cpus(),
             "compile_enabled": config.compile.enabled,
             "checkpoint_async": config.checkpoint.async_save if config.checkpoint.enabled else None,
+            "nccl_settings": _nccl_settings(),
             "time": time.time(),
         }
 
@@ -208,6 +212,13 @@ def _device_name(device: torch.device) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _nccl_settings() -> dict[str, Any] | None:
+    """What skylift's launcher set for NCCL and why (from the workers' environment)."""
+    from skylift.doctor.nccl import recorded_settings
+
+    return recorded_settings()
 
 
 def _cpus() -> int:

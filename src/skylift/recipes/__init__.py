@@ -12,7 +12,15 @@ if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
     from skylift.recipes.base import Recipe
 
-__all__ = ["RECIPES", "build_recipe"]
+__all__ = ["RECIPES", "Recipe", "build_recipe", "recipe_class"]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - `from skylift.recipes import Recipe`, imported lazily
+    if name == "Recipe":
+        from skylift.recipes.base import Recipe
+
+        return Recipe
+    raise AttributeError(name)
 
 RECIPES: dict[str, str] = {
     "image_classification": "skylift.recipes.image_classification:ImageClassification",
@@ -20,6 +28,29 @@ RECIPES: dict[str, str] = {
 }
 
 
+def recipe_class(config: RunConfig) -> type[Recipe]:
+    """The class ``recipe.name`` names: a built-in one, or the user's by import path."""
+    from skylift.recipes.base import Recipe
+    from skylift.recipes.loading import load_object
+
+    name = config.recipe.name
+    if name in RECIPES:
+        module_name, _, class_name = RECIPES[name].partition(":")
+        return getattr(importlib.import_module(module_name), class_name)
+    found = load_object(name, field="recipe.name")
+    if not (isinstance(found, type) and issubclass(found, Recipe)):
+        from skylift.errors import SkyliftConfigError
+
+        raise SkyliftConfigError(
+            f"recipe.name: {name!r} is a {type(found).__name__}, not a subclass of skylift.recipes.Recipe",
+            hint="Define `class MyTask(skylift.recipes.Recipe)` with build_datasets, build_model, training_loss "
+            "and eval_sums (see examples/own_recipe/)",
+        )
+    return found
+
+
 def build_recipe(config: RunConfig) -> Recipe:
-    module_name, _, class_name = RECIPES[config.recipe.name].partition(":")
-    return getattr(importlib.import_module(module_name), class_name)(config)
+    """The recipe of ``config``, its ``recipe.args`` validated (raises SkyliftConfigError)."""
+    cls = recipe_class(config)
+    cls.parse_args(config)
+    return cls(config)

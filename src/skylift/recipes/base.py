@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from skylift.data.datasets import DatasetSplit
 
-__all__ = ["Recipe"]
+__all__ = ["Recipe", "classification_sums"]
+
+
+def classification_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Evaluation sums of a classifier: summed cross-entropy, correct predictions, count
+    (``Recipe.summarize`` turns them into ``loss`` and ``accuracy``)."""
+    import torch.nn.functional as F
+
+    logits = logits.float()
+    return {
+        "loss_sum": F.cross_entropy(logits, labels, reduction="sum"),
+        "accuracy_sum": (logits.argmax(dim=1) == labels).sum().float(),
+        "count": torch.tensor(float(labels.numel()), device=labels.device),
+    }
 
 
 class Recipe:
@@ -18,7 +32,43 @@ class Recipe:
     Evaluation returns *sums* per batch (``{"loss_sum": ..., "correct": ...,
     "count": ...}``) rather than means, so the Trainer can add them across batches and
     ranks with one all-reduce and get exact metrics however the data was sharded.
+
+    A recipe of your own names its settings in a nested pydantic model ``Args``; the
+    config's ``recipe.args`` are validated against it (unknown keys refused, with the
+    closest valid key) and arrive as ``self.args``::
+
+        class MyTask(Recipe):
+            class Args(BaseModel):
+                model_config = ConfigDict(extra="forbid")
+                hidden: int = 64
+
+            def build_model(self, data):
+                return MyNet(self.args.hidden, data.num_classes)
     """
+
+    Args: ClassVar[type[BaseModel] | None] = None
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.args = self.parse_args(config)
+
+    @classmethod
+    def parse_args(cls, config: Any) -> Any:
+        """``recipe.args`` validated by ``cls.Args`` (raises SkyliftConfigError naming each key)."""
+        from skylift.config.load import describe_errors
+        from skylift.errors import SkyliftConfigError
+
+        given = config.recipe.args
+        if cls.Args is None:
+            if given:
+                raise SkyliftConfigError(f"recipe.args: {cls.__name__} takes no args (got {sorted(given)})",
+                                         hint=f"Remove recipe.args, or give {cls.__name__} an Args pydantic model")
+            return None
+        try:
+            return cls.Args.model_validate(given)
+        except ValidationError as error:
+            raise SkyliftConfigError(describe_errors(error, cls.Args, ("recipe", "args")),
+                                     hint=f"Fix recipe.args; {cls.__name__}.Args defines them") from None
 
     def build_datasets(self) -> DatasetSplit:
         raise NotImplementedError

@@ -11,9 +11,41 @@ from torch import nn
 from skylift.config.schema import RunConfig
 from skylift.data import datasets
 from skylift.data.datasets import DatasetSplit
-from skylift.recipes.base import Recipe
+from skylift.recipes.base import Recipe, classification_sums
 
-__all__ = ["ImageClassification", "SmallCNN"]
+__all__ = ["ImageClassification", "SmallCNN", "build_model"]
+
+
+def build_model(spec: Any, num_classes: int | None, *, in_channels: int = 3) -> nn.Module:
+    """``model.name`` as a module: a torchvision classification model (random weights) or
+    the user's callable by import path, called with ``model.args`` and ``num_classes``."""
+    from skylift.config.schema import is_import_path
+
+    if is_import_path(spec.name):
+        from skylift.recipes.loading import load_object
+
+        factory = load_object(spec.name, field="model.name")
+        kwargs = {**spec.args, **({"num_classes": num_classes} if num_classes is not None else {})}
+        model = factory(**kwargs)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model.name: {spec.name} returned a {type(model).__name__}, not a torch.nn.Module")
+        return model
+    import torchvision
+
+    model = torchvision.models.get_model(spec.name, weights=None, num_classes=num_classes, **spec.args)
+    if in_channels != 3:
+        _first_conv_for(model, in_channels)
+    return model
+
+
+def _first_conv_for(model: nn.Module, in_channels: int) -> None:
+    """Replace the first convolution so the net takes ``in_channels`` (digits are grey)."""
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d):
+                setattr(parent, name, nn.Conv2d(in_channels, child.out_channels, child.kernel_size, child.stride,
+                                                child.padding, bias=child.bias is not None))
+                return
 
 
 class SmallCNN(nn.Module):
@@ -73,12 +105,7 @@ class ImageClassification(Recipe):
         num_classes = spec.num_classes or data.num_classes
         if spec.name == "small_cnn":
             return SmallCNN(data.in_channels, num_classes, spec.width)
-        import torchvision
-
-        model = getattr(torchvision.models, spec.name)(weights=None, num_classes=num_classes)
-        if data.in_channels != 3:
-            model.conv1 = nn.Conv2d(data.in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-        return model
+        return build_model(spec, num_classes, in_channels=data.in_channels)
 
     def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch
@@ -86,9 +113,4 @@ class ImageClassification(Recipe):
 
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         images, labels = batch
-        logits = model(images).float()
-        return {
-            "loss_sum": F.cross_entropy(logits, labels, reduction="sum"),
-            "accuracy_sum": (logits.argmax(dim=1) == labels).sum().float(),
-            "count": torch.tensor(float(labels.numel()), device=labels.device),
-        }
+        return classification_sums(model(images), labels)

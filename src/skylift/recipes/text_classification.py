@@ -24,7 +24,7 @@ from skylift.data.text import (
     read_text_file,
     synthetic_reviews,
 )
-from skylift.recipes.base import Recipe
+from skylift.recipes.base import Recipe, classification_sums
 
 __all__ = ["TextClassification"]
 
@@ -79,9 +79,4 @@ class TextClassification(Recipe):
 
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         input_ids, attention_mask, labels = batch
-        logits = model(input_ids, attention_mask).float()
-        return {
-            "loss_sum": F.cross_entropy(logits, labels, reduction="sum"),
-            "accuracy_sum": (logits.argmax(dim=1) == labels).sum().float(),
-            "count": torch.tensor(float(labels.numel()), device=labels.device),
-        }
+        return classification_sums(model(input_ids, attention_mask), labels)

@@ -1,7 +1,28 @@
-"""Train: the runtime for hand-written loops, the Trainer, precision and DDP."""
+"""Train: the runtime for hand-written loops, the Trainer, precision and DDP.
 
-from skylift.train.events import Callback, Event, TrainState
-from skylift.train.runtime import Runtime
-from skylift.train.trainer import RunSummary, Trainer
+Imported lazily: the parts below the Trainer (``events``, ``distributed``) are shared
+primitives that the monitor and checkpoint packages import, and must not pull the
+Trainer (and through it those same packages) in with them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["Callback", "Event", "RunSummary", "Runtime", "TrainState", "Trainer"]
+
+_LAZY = {
+    "Callback": "skylift.train.events",
+    "Event": "skylift.train.events",
+    "TrainState": "skylift.train.events",
+    "Runtime": "skylift.train.runtime",
+    "RunSummary": "skylift.train.trainer",
+    "Trainer": "skylift.train.trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'skylift.train' has no attribute {name!r}")

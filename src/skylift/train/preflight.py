@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from skylift.config.schema import RunConfig
+from skylift.config.schema import BUILTIN_RECIPES, RunConfig
 from skylift.errors import SkyliftConfigError
 from skylift.train.precision import DeviceInfo, resolve_precision
 
@@ -25,6 +25,10 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         micro_batch = None if token_budget else config.micro_batch_size(world_size)
     except ValueError as error:
         raise SkyliftConfigError(str(error)) from None
+    if config.recipe.name not in BUILTIN_RECIPES:
+        from skylift.recipes import recipe_class
+
+        recipe_class(config).parse_args(config)  # the user's import and recipe.args, before any worker
     device = _local_device(config.device)
     policy = resolve_precision(config.precision, DeviceInfo.detect(device))
     return {

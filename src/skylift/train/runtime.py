@@ -1,37 +1,51 @@
-"""The small runtime for users who keep their own training loop.
+"""The runtime for users who keep their own training loop.
 
-Example, the whole contract::
+The whole contract (``examples/own_loop.py`` is a complete script)::
 
-    runtime = Runtime(precision="auto", accumulation_steps=4, grad_clip_norm=1.0)
+    runtime = Runtime.from_config("run.yaml")          # or Runtime(precision=..., ...) without survive/watch
     model, optimizer, loader, scheduler = runtime.prepare(model, optimizer, loader, scheduler)
-    for inputs, targets in loader:
-        with runtime.autocast():
-            loss = loss_fn(model(inputs), targets)
-        runtime.backward(loss)
-        runtime.optimizer_step()   # steps only on the last micro-batch of each group
-    runtime.close()
+    step = runtime.resume()                            # 0, or the step of the newest complete checkpoint
+    for epoch in range(runtime.epoch, epochs):
+        for inputs, targets in loader:                 # on the device, sharded, resumable mid-epoch
+            with runtime.autocast():
+                loss = loss_fn(model(inputs), targets)
+            runtime.backward(loss)
+            if runtime.optimizer_step():               # steps on the last micro-batch of each group
+                step += 1
+                runtime.log(step, loss=loss)           # metrics.jsonl + TensorBoard, no per-step sync
+                if runtime.step_end(step):             # checkpoints; a spot notice or SIGTERM: saved, stop
+                    break
+        if runtime.stopped:
+            break
+    runtime.close()                                    # final save; exit 143 after a preemption, else 0
 
 ``autocast()`` also tells DDP whether this micro-step all-reduces gradients (only the
 last of each accumulation group does), ``backward`` scales the loss for accumulation
 and fp16, and ``optimizer_step`` unscales, clips, steps, updates the GradScaler,
-zeroes gradients and steps the LR scheduler.
+zeroes gradients and steps the LR scheduler. The Trainer runs its loop on the same
+calls, so both share one checkpoint, preemption and monitoring path
+(:mod:`skylift.train.services`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader
 
 from skylift.train.distributed import DistributedContext, exit_cleanly, init_distributed
+from skylift.train.events import TrainState
 from skylift.train.model_tools import apply_activation_checkpointing
 from skylift.train.precision import DeviceInfo, PrecisionPolicy, resolve_precision
+from skylift.train.prepared_loader import PreparedLoader, batch_size_of, prepare_eval_loader, prepare_loader
 
 __all__ = ["Runtime"]
 
@@ -87,13 +101,55 @@ class Runtime:
         self._ddp_options = {"find_unused_parameters": find_unused_parameters, "bucket_cap_mb": bucket_cap_mib}
         self._micro_step = 0
         self._ddp: DistributedDataParallel | None = None
+        self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: Any = None
         self._parameters: list[nn.Parameter] = []
+        self._loader: PreparedLoader | None = None
+        self._extra: dict[str, Any] | None = None
+        self.seed = 0
+        self.config: Any = None
+        """The run configuration (``from_config`` only): read your own settings from it."""
+        self.last_lr = 0.0
+        """The learning rate the last optimizer step used."""
+        self.services: Any = None
+        """The run's :class:`~skylift.train.services.RunServices` (``from_config`` only)."""
+        self.state = TrainState(total_steps=0, steps_per_epoch=0, global_batch_size=0)
+        """Where the run is: step, epoch, samples seen (shared with the Trainer's loop)."""
+        self._flop_counter: Any = None
+        self._micro_batch_samples = 0
+        self._step_open = False
+        self._step_started = 0.0
+        self._step_samples = 0
+        self._data_wait_s = 0.0
+        self._last_logged_step = 0
+        self._run_started = 0.0
 
     @classmethod
-    def from_config(cls, config: Any, context: DistributedContext | None = None) -> Runtime:
-        """Build from a :class:`~skylift.config.RunConfig`."""
+    def from_config(cls, config: Any, context: DistributedContext | None = None, *,
+                    overrides: list[str] | tuple[str, ...] = (), callbacks: Any = ()) -> Runtime:
+        """Build from a :class:`~skylift.config.RunConfig` or the path of its YAML file
+        (``overrides``: ``section.key=value`` strings, as ``--set`` takes them), with
+        checkpoints, preemption handling and monitoring as the config says."""
+        from skylift.train.services import RunServices, seed_everything
+
+        if not hasattr(config, "checkpoint"):
+            from skylift.config.load import load_config
+
+            config = load_config(str(config), list(overrides))
+        seed_everything(config.seed, config.deterministic)
+        runtime = cls._compute_from_config(config, context)
+        runtime.config = config
+        runtime.seed = config.seed
+        runtime.services = RunServices(
+            config, runtime.dist, device=runtime.device, precision=runtime.precision.name,
+            ddp_module=lambda: runtime._ddp, micro_steps=runtime.accumulation_steps, callbacks=callbacks,
+        )
+        runtime.state.total_steps = config.schedule.max_steps or 0
+        return runtime
+
+    @classmethod
+    def _compute_from_config(cls, config: Any, context: DistributedContext | None) -> Runtime:
         checkpointing = config.activation_checkpointing
         return cls(
             precision=config.precision,
@@ -117,16 +173,19 @@ class Runtime:
         return self._micro_step == self.accumulation_steps - 1
 
     def prepare(self, model: nn.Module, *objects: Any) -> Any:
-        """Move and wrap the model; register the optimizer, data loader and scheduler.
+        """Move and wrap the model; register the optimizer, data loaders and scheduler.
 
-        Returns the model followed by the other objects in the order given.
+        The first DataLoader is the training loader (re-sampled in global batches and
+        resumable mid-epoch, see :mod:`skylift.train.prepared_loader`); later ones are
+        evaluation loaders (sharded, every sample once). Returns the model followed by
+        the other objects in the order given.
         """
         prepared: list[Any] = [self.prepare_model(model)]
         for item in objects:
             if isinstance(item, torch.optim.Optimizer):
                 self._optimizer = item
             elif isinstance(item, DataLoader):
-                item = self.prepare_dataloader(item)
+                item = self.prepare_dataloader(item, train=self._loader is None)
             elif item is not None and hasattr(item, "step") and hasattr(item, "get_last_lr"):
                 self._scheduler = item
             prepared.append(item)
@@ -138,6 +197,7 @@ class Runtime:
         model = model.to(self.device)
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)
+        self._model = model
         self._parameters = [p for p in model.parameters() if p.requires_grad]
         if self.dist.is_distributed:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -147,15 +207,18 @@ class Runtime:
             model = torch.compile(model, mode=self._compile_mode)
         return model
 
-    def prepare_dataloader(self, loader: DataLoader) -> _DeviceLoader:
-        """Shard a plain loader across ranks and move its batches to the device."""
-        batch_sampler = getattr(loader, "batch_sampler", None)
-        already_sharded = getattr(batch_sampler, "shards_by_rank", False) or isinstance(
-            getattr(loader, "sampler", None), DistributedSampler
-        )
-        if self.dist.is_distributed and not already_sharded:
-            loader = _shard_loader(loader, self.dist)
-        return _DeviceLoader(loader, self)
+    def prepare_dataloader(self, loader: DataLoader, *, train: bool = True) -> Any:
+        """A training loader: sharded, on the device, resumable. ``train=False``: an
+        evaluation loader, split into contiguous per-rank shards (no sample dropped)."""
+        if not train:
+            return prepare_eval_loader(loader, self, self.dist)
+        prepared = prepare_loader(loader, self, self.dist, self.seed)
+        self._loader = prepared
+        self.state.steps_per_epoch = prepared.steps_per_epoch
+        if not self.state.total_steps and self.services is not None:
+            self.state.total_steps = prepared.steps_per_epoch * self.services.config.schedule.epochs
+        self.state.global_batch_size = (prepared.batch_size or 0) * self.dist.world_size * self.accumulation_steps
+        return prepared
 
     def to_device(self, batch: Any) -> Any:
         """Move tensors (in tuples, lists and dicts) to the device, asynchronously when pinned."""
@@ -170,12 +233,31 @@ class Runtime:
             return {key: self.to_device(value) for key, value in batch.items()}
         return batch
 
+    def fetch(self, batches: Iterator[Any]) -> Any:
+        """The next training batch of ``batches``, on the device; the wait is timed as data
+        wait and the copy as host-to-device. Raises ``StopIteration`` at the end."""
+        self._begin_step()
+        clock = self._clock
+        before = time.perf_counter()
+        batch = next(batches)
+        self._data_wait_s += time.perf_counter() - before
+        if clock is not None:
+            clock.mark("data_wait")
+        self._micro_batch_samples = batch_size_of(batch)
+        self._step_samples += self._micro_batch_samples
+        batch = self.to_device(batch)
+        if clock is not None:
+            clock.mark("host_to_device")
+        return batch
+
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """Run the forward pass of one micro-step: autocast plus the DDP sync decision."""
+        self._begin_step()
         if self._ddp is not None:
             # Must be set before forward: DDP reads it there to arm the gradient hooks.
             self._ddp.require_backward_grad_sync = self.sync_gradients
+        self._start_flop_count()
         with self.precision.autocast(self.device.type):
             yield
 
@@ -187,6 +269,9 @@ class Runtime:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
+        self._finish_flop_count()
+        if self._clock is not None:
+            self._clock.mark("forward_backward")
 
     def optimizer_step(self) -> bool:
         """Step at the end of an accumulation group; return whether it stepped."""
@@ -195,6 +280,7 @@ class Runtime:
             return False
         self._micro_step = 0
         optimizer = self._require_optimizer()
+        self.last_lr = optimizer.param_groups[0]["lr"]
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         if self.grad_clip_norm is not None:
@@ -207,61 +293,179 @@ class Runtime:
         optimizer.zero_grad(set_to_none=True)
         if self._scheduler is not None:
             self._scheduler.step()
+        if self._clock is not None:
+            self._clock.mark("optimizer")
         return True
+
+    # -- survive and watch (Runtime.from_config) -------------------------------------
+
+    def resume(self, extra: dict[str, Any] | None = None) -> int:
+        """Restore model, optimizer, LR scheduler, GradScaler, RNG, the training loader's
+        place and ``extra`` (your own tensors and JSON values, filled in place) from the
+        checkpoint ``checkpoint.resume`` selects (``auto``: the newest complete one).
+        Returns its step, or 0 for a fresh start. Call once, after :meth:`prepare`."""
+        services = self._require_services("resume")
+        from skylift.checkpoint.session import TrainingObjects
+
+        self._extra = extra
+        objects = TrainingObjects(model=self._require_model(), optimizer=self._require_optimizer(),
+                                  scheduler=self._scheduler, scaler=self.scaler, loader=self._loader, extra=extra)
+        step = services.resume(objects, self.state) or 0
+        self._last_logged_step = step
+        self._run_started = time.perf_counter()
+        return step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the training loader is in (after :meth:`resume`: the checkpoint's)."""
+        return self._loader.epoch if self._loader is not None else self.state.epoch
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the run stopped (``preempted``, ...) once :meth:`step_end` returned True, else None."""
+        return self.services.stopped if self.services is not None else None
+
+    def log(self, step: int, **scalars: Any) -> None:
+        """Record step ``step``'s scalars (tensors stay on the device until the flush every
+        ``monitor.log_every_steps`` steps). ``loss`` is averaged over ranks, as are the others;
+        every rank must log the same names. The gradient norm and LR are added."""
+        self._require_services("log")
+        from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
+
+        loss = scalars.pop("loss", None)
+        if loss is None:
+            raise ValueError("runtime.log(step, loss=...) needs the step's loss")
+        clashes = sorted(set(scalars) & RESERVED_TRAIN_FIELDS)
+        if clashes:
+            raise ValueError(f"runtime.log: {clashes} are fields skylift writes itself; give your scalars other names")
+        self.state.loss = torch.as_tensor(loss, device=self.device).detach().float()
+        self.state.extra["scalars"] = scalars
+        self._last_logged_step = step
+
+    def step_end(self, step: int, *, samples: int | None = None) -> bool:
+        """Optimizer step ``step`` (counted from 1) is done: metrics, checkpoint cadence,
+        and the ranks' agreement on a spot notice or SIGTERM. Returns True when the job
+        must stop; the save that a preemption allows is committed by then.
+
+        ``samples``: samples this step took across all ranks (default: this rank's
+        batches times the number of ranks)."""
+        services = self._require_services("step_end")
+        if not services.started:
+            services.start(self.state)
+        state = self.state
+        if self._last_logged_step != step:
+            state.loss = None  # no runtime.log for this step: no train record
+        state.step = step
+        state.samples_seen += samples if samples is not None else self._step_samples * self.dist.world_size
+        state.lr = self.last_lr
+        state.grad_norm = self.last_grad_norm
+        state.data_wait_s = self._data_wait_s
+        state.step_time_s = time.perf_counter() - self._step_started if self._step_open else 0.0
+        self._step_open, self._step_samples, self._data_wait_s = False, 0, 0.0
+        if self._loader is not None and self.state.steps_per_epoch == 0:
+            self.state.steps_per_epoch = self._loader.steps_per_epoch
+        stop = services.step_end(state)
+        state.extra.pop("scalars", None)
+        return stop
+
+    def finish(self, save_model: Any = None, *, started_at: float | None = None) -> tuple[float, float]:
+        """The final save (``checkpoint.save_at_end``, unless stopped), the final weights
+        (``save_model``: a callable that writes them; default the prepared model's to
+        ``RUN_DIR/model.safetensors``), ``run_end`` and the diagnosis. Returns (training
+        seconds, samples/s). :meth:`close` calls it."""
+        services = self._require_services("finish")
+        if not services.started:
+            services.start(self.state)
+        started_at = started_at if started_at is not None else self._run_started or time.perf_counter()
+        return services.finish(self.state, started_at, save_model or self._save_final_model)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module under any compile and DDP wrappers."""
         model = getattr(model, "_orig_mod", model)
         return model.module if isinstance(model, DistributedDataParallel) else model
 
-    def close(self, exit_code: int = 0) -> None:
-        """End the process cleanly (barrier, destroy the group, flush, exit)."""
-        exit_cleanly(exit_code)
+    def close(self, exit_code: int | None = None) -> None:
+        """Finish the run (with ``from_config``), stop every background thread, and end the
+        process: exit code 143 after a preemption (run the same command again to resume),
+        else ``exit_code`` (default 0)."""
+        from skylift.errors import EXIT_FAILURE, EXIT_REQUEUE
+        from skylift.train.agreement import StopReason
+
+        code = exit_code if exit_code is not None else 0
+        if self.services is not None:
+            try:
+                _, samples_per_s = self.finish()
+            finally:
+                self.services.close()
+            preempted = self.stopped == StopReason.NAMES[StopReason.PREEMPTED]
+            if exit_code is None and self.stopped is not None:
+                code = EXIT_REQUEUE if preempted else EXIT_FAILURE
+            if self.dist.is_main:
+                self._say_where_it_ended(samples_per_s, preempted)
+        exit_cleanly(code)
+
+    def _say_where_it_ended(self, samples_per_s: float, preempted: bool) -> None:
+        from skylift.monitor.report import write_run_report
+
+        run_dir = self.services.run_dir.root
+        report = write_run_report(self.config)
+        ending = f"stopped at step {self.state.step} ({self.stopped})" if self.stopped else f"{self.state.step} steps"
+        print(f"skylift: {ending}, {samples_per_s:,.0f} samples/s; run folder {run_dir}", file=sys.stderr)
+        if preempted:
+            print("skylift: preempted; run the same command again to resume", file=sys.stderr)
+        elif report is not None:
+            print(f"Next: open {report.html_path}  (live view of a running job: skylift monitor {run_dir})",
+                  file=sys.stderr)
+
+    @property
+    def _clock(self) -> Any:
+        return self.services.clock if self.services is not None else None
+
+    def _begin_step(self) -> None:
+        if self._step_open or self._micro_step != 0:
+            return
+        self._step_open = True
+        self._step_started = time.perf_counter()
+        if self._clock is not None:
+            self._clock.mark("between_steps")
+
+    def _start_flop_count(self) -> None:
+        """MFU for a loop whose loss skylift does not know: count the FLOPs of the first
+        micro-step as it runs (forward here, backward until :meth:`backward` returns)."""
+        monitor = self.services.monitor if self.services is not None else None
+        if monitor is None or not monitor.wants_flops or self._flop_counter is not None:
+            return
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._flop_counter = FlopCounterMode(display=False)
+        self._flop_counter.__enter__()
+
+    def _finish_flop_count(self) -> None:
+        counter, self._flop_counter = self._flop_counter, None
+        if counter is None:
+            return
+        counter.__exit__(None, None, None)
+        self.services.monitor.record_flops(float(counter.get_total_flops()), self._micro_batch_samples)
+
+    def _save_final_model(self) -> None:
+        from safetensors.torch import save_model
+
+        save_model(self._require_model(), str(self.services.run_dir.model_path))
+
+    def _require_services(self, call: str) -> Any:
+        if self.services is None:
+            raise RuntimeError(
+                f"runtime.{call}() needs a run configuration (checkpoint, preemption, monitor, run_dir): "
+                "build the runtime with Runtime.from_config('run.yaml')"
+            )
+        return self.services
+
+    def _require_model(self) -> nn.Module:
+        if self._model is None:
+            raise RuntimeError("the runtime has no model yet: call runtime.prepare(model, optimizer, ...) first")
+        return self._model
 
     def _require_optimizer(self) -> torch.optim.Optimizer:
         if self._optimizer is None:
             raise RuntimeError("Runtime.optimizer_step() needs the optimizer: pass it to runtime.prepare(...)")
         return self._optimizer
-
-
-class _DeviceLoader:
-    """Iterate a DataLoader with batches already on the runtime's device."""
-
-    def __init__(self, loader: DataLoader, runtime: Runtime) -> None:
-        self.loader = loader
-        self._runtime = runtime
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            yield self._runtime.to_device(batch)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
-
-
-def _shard_loader(loader: DataLoader, context: DistributedContext) -> DataLoader:
-    if loader.batch_size is None:
-        raise ValueError(
-            "Runtime.prepare cannot shard a DataLoader built with a custom batch_sampler; "
-            "give it a sampler with shards_by_rank = True or a DistributedSampler"
-        )
-    sampler = DistributedSampler(
-        loader.dataset,
-        num_replicas=context.world_size,
-        rank=context.rank,
-        shuffle=isinstance(loader.sampler, RandomSampler),
-        drop_last=loader.drop_last,
-    )
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        persistent_workers=loader.persistent_workers,
-    )

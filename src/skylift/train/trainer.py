@@ -8,21 +8,15 @@ metrics and progress to callbacks, the task to the :class:`~skylift.recipes.base
 from __future__ import annotations
 
 import logging
-import os
-import random
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from skylift.checkpoint.faults import fault_point
-from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
 from skylift.data.loaders import (
@@ -32,19 +26,13 @@ from skylift.data.loaders import (
     samples_in_step,
     with_workers,
 )
-from skylift.monitor.breakdown import StepClock
-from skylift.monitor.metrics import MetricsLogger
-from skylift.monitor.progress import ProgressBar
-from skylift.monitor.watch import RunMonitor
 from skylift.recipes import build_recipe
 from skylift.recipes.base import Recipe
-from skylift.run_dir import RunDirectory
-from skylift.train.agreement import StepAgreement, StopReason
 from skylift.train.distributed import DistributedContext
-from skylift.train.events import Callback, Event, EventBus, TrainState
+from skylift.train.events import Callback, Event, TrainState
 from skylift.train.optim import build_lr_schedule, build_optimizer
-from skylift.train.preemption import PreemptionWatch
 from skylift.train.runtime import Runtime
+from skylift.train.services import seed_everything
 
 __all__ = ["RunSummary", "Trainer"]
 
@@ -112,106 +100,44 @@ class Trainer:
     ) -> None:
         self.config = config
         self.recipe = recipe or build_recipe(config)
-        self.runtime = Runtime.from_config(config, context)
-        self.run_dir = RunDirectory(config.run_dir)
-        self.events = EventBus()
-        self.metrics = MetricsLogger(
-            self.run_dir,
-            log_every_steps=config.monitor.log_every_steps,
-            tensorboard=config.monitor.tensorboard,
-            is_writer=self.runtime.dist.is_main,
-            num_nodes=self.runtime.dist.num_nodes,
-        )
-        self.events.add(self.metrics)
-        self.monitor = RunMonitor(config, self.runtime.dist, self.metrics, device=self.runtime.device,
-                                  precision=self.runtime.precision.name)
-        self.events.add(self.monitor)
-        if self.runtime.dist.is_main and _progress_wanted(config.monitor.progress_bar):
-            self.events.add(ProgressBar(self.metrics))
-        for callback in callbacks:
-            self.events.add(callback)
-        dist_context = self.runtime.dist
-        # Collectives for step-boundary decisions run on their own gloo group, so they
-        # never queue behind (or stall) the NCCL gradient traffic.
-        control_group = dist.new_group(backend="gloo") if dist_context.is_distributed else None
-        self.agreement = StepAgreement(control_group, distributed=dist_context.is_distributed)
-        self.preemption = PreemptionWatch(config.preemption, self.agreement, local_rank=dist_context.local_rank)
-        self.checkpointing = None
-        if config.checkpoint.enabled:
-            from skylift.checkpoint.session import Checkpointing
-
-            self.checkpointing = Checkpointing(
-                config.checkpoint,
-                run_dir=config.run_dir,
-                context=dist_context,
-                agreement=self.agreement,
-                control_group=control_group,
-            )
+        self.runtime = Runtime.from_config(config, context, callbacks=callbacks)
+        services = self.runtime.services
+        # The parts the loop shares with a hand-written one (skylift.train.services).
+        self.services = services
+        self.run_dir, self.events, self.metrics, self.monitor = (
+            services.run_dir, services.events, services.metrics, services.monitor)
+        self.agreement, self.preemption, self.checkpointing, self.clock = (
+            services.agreement, services.preemption, services.checkpointing, services.clock)
         self.tuner: Any = None  # a LoaderTuner with data.num_workers: auto
         self._tuning_recorded = False
-        self.clock = StepClock(
-            config.monitor.breakdown_every_steps,
-            self.runtime.device,
-            checkpoint_stall_s=self.checkpointing.stall_s if self.checkpointing is not None else lambda: (0.0, 0.0),
-            ddp_module=lambda: self.runtime._ddp,
-            micro_steps=config.accumulation.steps,
-        )
 
     def fit(self) -> RunSummary:
         """Build the parts, resume, run every epoch, evaluate, save, and report."""
-        self._seed_everything()
-        if self.checkpointing is not None:
-            self.checkpointing.open()  # the run lease: a second writer fails here, before any work
+        seed_everything(self.config.seed, self.config.deterministic)
+        self.services.open()  # the run lease: a second writer fails here, before any work
         try:
             return self._fit()
         finally:
-            self.preemption.stop()
-            self.monitor.close()
-            if self.checkpointing is not None:
-                self.checkpointing.close()
+            self.services.close()
 
     def _fit(self) -> RunSummary:
         parts = self._build()
-        state = TrainState(
-            total_steps=self._total_steps(parts.sampler),
-            steps_per_epoch=parts.sampler.steps_per_epoch,
-            global_batch_size=self.config.data.global_batch_size,
-        )
-        resumed_from = self._resume(parts, state)
-        self.monitor.resumed_from_step = resumed_from
-        self._prepare_run_dir()
+        state = self.runtime.state
+        state.total_steps = self._total_steps(parts.sampler)
+        state.steps_per_epoch = parts.sampler.steps_per_epoch
+        state.global_batch_size = self.config.data.global_batch_size
         policy = self.runtime.precision
         log.info("precision %s (%s)", policy.name, policy.reason)
-        self.preemption.start()
-        self.events.fire(Event.FIT_START, state)
+        self.runtime.resume()
+        resumed_from = self.services.resumed_from_step  # None on a fresh start (resume() returns 0)
         started = time.perf_counter()
         self._run_epochs(parts, state)
-        self.agreement.flush()
-        if self.checkpointing is not None:
-            self.checkpointing.finish(state)
-            self._record_saves()
-        train_time_s = time.perf_counter() - started
-        self.events.fire(Event.CHECKPOINT, state)
-        self._save_final_model(parts.model)
-        summary = self._summarize(parts, state, train_time_s, resumed_from)
-        self.monitor.finish(state, train_time_s, summary.samples_per_s)
-        self.events.fire(Event.FIT_END, state)
+        train_time_s, samples_per_s = self.runtime.finish(lambda: self._save_final_model(parts.model),
+                                                          started_at=started)
+        summary = self._summarize(parts, state, train_time_s, resumed_from, samples_per_s)
         if self.runtime.dist.is_main:
             self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
         return summary
-
-    def _resume(self, parts: _Parts, state: TrainState) -> int | None:
-        if self.checkpointing is None:
-            return None
-        from skylift.checkpoint.session import TrainingObjects
-
-        objects = TrainingObjects(
-            model=self.runtime.unwrap(parts.model),
-            optimizer=parts.optimizer,
-            scheduler=parts.scheduler,
-            scaler=self.runtime.scaler,
-        )
-        return self.checkpointing.resume(objects, state)
 
     def _build(self) -> _Parts:
         runtime = self.runtime
@@ -224,10 +150,8 @@ class Trainer:
         optimizer = build_optimizer(model, config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
-        # The raw loader: the step moves batches itself, to time the copy apart from the wait.
-        train_loader = runtime.prepare_dataloader(loaders.train).loader
-        val_loader = runtime.prepare_dataloader(loaders.val) if loaders.val is not None else None
-        return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, train_loader, val_loader)
+        # Both loaders come sharded by rank; the loop fetches training batches through the runtime.
+        return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, loaders.train, loaders.val)
 
     def _start_tuner(self) -> RunConfig:
         """``data.num_workers: auto``: start with the first candidate; the loop tries the rest."""
@@ -268,13 +192,13 @@ class Trainer:
             batches = iter(parts.train_loader)
             if self.tuner is not None:
                 self.tuner.restart_timing()
-            self.clock.end_of_previous_step(state.step + 1)
+            self.clock.end_of_previous_step(state.step + 1)  # evaluation is not the next step's time
             while state.step < min(state.total_steps, (epoch + 1) * state.steps_per_epoch):
-                self._train_step(parts, state, batches)
+                step_samples = self._train_step(parts, state, batches)
+                if self.runtime.step_end(state.step + 1, samples=step_samples):
+                    return
                 if self.tuner is not None:
                     batches = self._tune_step(parts, state, epoch, batches)
-                if self._after_step(state):
-                    return
             last = state.step >= state.total_steps
             if parts.val_loader is not None and (last or (epoch + 1) % schedule.eval_every_epochs == 0):
                 state.eval_metrics = self._evaluate(parts)
@@ -283,23 +207,15 @@ class Trainer:
             if last:
                 return
 
-    def _train_step(self, parts: _Parts, state: TrainState, batches: Iterator[Any]) -> None:
-        runtime, recipe, clock = self.runtime, self.recipe, self.clock
+    def _train_step(self, parts: _Parts, state: TrainState, batches: Iterator[Any]) -> int:
+        """One optimizer step through the runtime; returns the samples it took (all ranks)."""
+        runtime, recipe = self.runtime, self.recipe
         self.events.fire(Event.STEP_START, state)
-        clock.mark("between_steps")
-        state.lr = parts.optimizer.param_groups[0]["lr"]  # the LR this step uses
-        started = time.perf_counter()
-        data_wait_s = 0.0
         loss_sum: torch.Tensor | None = None
         step_samples = samples_in_step(parts.sampler, state.step, state.global_batch_size)
         micro_batches = runtime.accumulation_steps * runtime.dist.world_size
         for _ in range(runtime.accumulation_steps):
-            before = time.perf_counter()
-            batch = next(batches)
-            data_wait_s += time.perf_counter() - before
-            clock.mark("data_wait")
-            batch = runtime.to_device(batch)
-            clock.mark("host_to_device")
+            batch = runtime.fetch(batches)
             if self.monitor.wants_flops:
                 self.monitor.count_flops(runtime.unwrap(parts.model), batch, recipe.training_loss,
                                          recipe.batch_size(batch))
@@ -310,45 +226,11 @@ class Trainer:
                 loss = loss * weight
             runtime.backward(loss)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            clock.mark("forward_backward")
             runtime.optimizer_step()
-            clock.mark("optimizer")
         assert loss_sum is not None
-        state.step += 1
-        state.samples_seen += step_samples
-        state.loss = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
-        state.grad_norm = runtime.last_grad_norm
-        state.data_wait_s = data_wait_s
-        state.step_time_s = time.perf_counter() - started
-        state.extra["breakdown_s"] = clock.finish()
-        clock.end_of_previous_step(state.step + 1)
-        self.events.fire(Event.STEP_END, state)
-
-    def _after_step(self, state: TrainState) -> bool:
-        """Apply the ranks' agreed decision; return True to leave the loop."""
-        fault_point("step_end", step=state.step, rank=self.runtime.dist.rank)
-        decision = self.agreement.exchange()
-        if self.checkpointing is not None:
-            if self.checkpointing.due(state, decision):
-                self.metrics.flush(state)  # metrics up to a checkpoint are on disk before it commits
-                self.checkpointing.save(state)
-            self._record_saves()
-        if decision.stop_code == StopReason.NONE:
-            return False
-        decision = self.agreement.flush() if self.runtime.dist.is_distributed else decision
-        state.stop_requested = decision.stop_reason
-        log.warning("stopping at step %d: %s", state.step, decision.stop_reason)
-        if decision.stop_code == StopReason.PREEMPTED and self.checkpointing is not None:
-            self.metrics.flush(state)
-            self.metrics.write_event(self.checkpointing.save_for_preemption(state, decision))
-            self._record_saves()
-        self.events.fire(Event.PREEMPTION_NOTICE, state)
-        return True
-
-    def _record_saves(self) -> None:
-        assert self.checkpointing is not None
-        for record in self.checkpointing.finished_saves():
-            self.metrics.write_event(record)
+        loss_mean = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
+        runtime.log(state.step + 1, loss=loss_mean)
+        return step_samples
 
     @torch.no_grad()
     def _evaluate(self, parts: _Parts) -> dict[str, float]:
@@ -358,6 +240,7 @@ class Trainer:
         module.eval()
         totals: dict[str, torch.Tensor] = {}
         for batch in parts.val_loader:
+            batch = self.runtime.to_device(batch)
             with self.runtime.precision.autocast(self.runtime.device.type):
                 sums = self.recipe.eval_sums(module, batch)
             for key, value in sums.items():
@@ -369,30 +252,13 @@ class Trainer:
             dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
         return self.recipe.summarize(dict(zip(keys, stacked.tolist(), strict=True)))
 
-    def _seed_everything(self) -> None:
-        seed = self.config.seed
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-        if self.config.deterministic:
-            # cuBLAS is deterministic only with a fixed workspace; the variable is read
-            # when its first handle is created, which is after this point.
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.backends.cudnn.benchmark = False
-            torch.use_deterministic_algorithms(True)
-
-    def _prepare_run_dir(self) -> None:
-        if self.runtime.dist.is_main:
-            self.run_dir.create()
-            self.run_dir.write_text_atomic(self.run_dir.config_path, dump_config(self.config))
-
     def _save_final_model(self, model: nn.Module) -> None:
-        if self.config.checkpoint.save_final_model and self.runtime.dist.is_main:
-            from safetensors.torch import save_model
+        from safetensors.torch import save_model
 
-            save_model(self.runtime.unwrap(model), str(self.run_dir.model_path))
+        save_model(self.runtime.unwrap(model), str(self.run_dir.model_path))
 
-    def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None) -> RunSummary:
+    def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None,
+                   samples_per_s: float) -> RunSummary:
         agree, max_diff = self._check_replicas(parts.model)
         if agree is False:
             log.error("DDP replicas diverged: max |param - rank 0 param| = %.3g", max_diff)
@@ -403,7 +269,7 @@ class Trainer:
             epochs_completed=state.step // state.steps_per_epoch,
             samples_seen=state.samples_seen,
             train_time_s=round(train_time_s, 3),
-            samples_per_s=round(state.samples_seen / train_time_s, 2) if train_time_s else 0.0,
+            samples_per_s=samples_per_s,
             precision=self.runtime.precision.name,
             precision_reason=self.runtime.precision.reason,
             device=str(self.runtime.device),
@@ -427,6 +293,3 @@ class Trainer:
         max_diff = float(local)
         return max_diff == 0.0, max_diff
 
-
-def _progress_wanted(setting: bool | str) -> bool:
-    return sys.stdout.isatty() if setting == "auto" else bool(setting)

@@ -1,0 +1,212 @@
+"""Survive and watch, for any loop: checkpoints, preemption, metrics and monitoring.
+
+:class:`~skylift.train.runtime.Runtime` owns one :class:`RunServices` when it is built
+from a run configuration; its public calls (``resume``, ``log``, ``step_end``,
+``close``) are thin doors onto the methods here, and the Trainer's loop goes through
+the same doors. So a hand-written loop and ``skylift run`` share one checkpoint,
+preemption and monitoring path.
+
+The order of a run::
+
+    open()                      the run lease (a second writer fails before any work)
+    resume(objects, state)      newest complete checkpoint; FIT_START; watchers start
+    step_end(state) -> stop     per optimizer step: STEP_END, agreement, saves, notices
+    finish(state, ...)          final save, run_end, diagnosis, FIT_END
+    close()                     watchers, sampler and checkpoint threads stop
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from skylift.checkpoint.faults import fault_point
+from skylift.config.load import dump_config
+from skylift.config.schema import RunConfig
+from skylift.monitor.breakdown import StepClock
+from skylift.monitor.metrics import MetricsLogger
+from skylift.monitor.progress import ProgressBar
+from skylift.monitor.watch import RunMonitor
+from skylift.run_dir import RunDirectory
+from skylift.train.agreement import StepAgreement, StopReason
+from skylift.train.distributed import DistributedContext
+from skylift.train.events import Callback, Event, EventBus, TrainState
+from skylift.train.preemption import PreemptionWatch
+
+__all__ = ["RunServices", "seed_everything"]
+
+log = logging.getLogger("skylift")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed Python, NumPy and torch; with ``deterministic``, deterministic kernels only."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        # cuBLAS is deterministic only with a fixed workspace; the variable is read
+        # when its first handle is created, which is after this point.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True)
+
+
+class RunServices:
+    """Checkpointing, preemption, metrics and monitoring of one run.
+
+    Args:
+        config: the run's configuration (``checkpoint``, ``preemption``, ``monitor``,
+            ``run_dir``, ``seed`` are read).
+        context: the distributed context.
+        device: where the model runs.
+        precision: the precision policy's name.
+        ddp_module: returns the DDP wrapper once the model is prepared (for the
+            communication share of the step breakdown).
+        micro_steps: forward passes per optimizer step.
+        callbacks: extra subscribers to the loop's events.
+    """
+
+    def __init__(self, config: RunConfig, context: DistributedContext, *, device: torch.device, precision: str,
+                 ddp_module: Callable[[], Any], micro_steps: int, callbacks: Sequence[Callback] = ()) -> None:
+        self.config = config
+        self.context = context
+        self.run_dir = RunDirectory(config.run_dir)
+        self.events = EventBus()
+        self.metrics = MetricsLogger(self.run_dir, log_every_steps=config.monitor.log_every_steps,
+                                     tensorboard=config.monitor.tensorboard, is_writer=context.is_main,
+                                     num_nodes=context.num_nodes)
+        self.events.add(self.metrics)
+        self.monitor = RunMonitor(config, context, self.metrics, device=device, precision=precision)
+        self.events.add(self.monitor)
+        if context.is_main and _progress_wanted(config.monitor.progress_bar):
+            self.events.add(ProgressBar(self.metrics))
+        for callback in callbacks:
+            self.events.add(callback)
+        # Collectives for step-boundary decisions run on their own gloo group, so they
+        # never queue behind (or stall) the NCCL gradient traffic.
+        control_group = dist.new_group(backend="gloo") if context.is_distributed else None
+        self.agreement = StepAgreement(control_group, distributed=context.is_distributed)
+        self.preemption = PreemptionWatch(config.preemption, self.agreement, local_rank=context.local_rank)
+        self.checkpointing: Any = None
+        if config.checkpoint.enabled:
+            from skylift.checkpoint.session import Checkpointing
+
+            self.checkpointing = Checkpointing(config.checkpoint, run_dir=config.run_dir, context=context,
+                                               agreement=self.agreement, control_group=control_group)
+        self.clock = StepClock(
+            config.monitor.breakdown_every_steps, device,
+            checkpoint_stall_s=self.checkpointing.stall_s if self.checkpointing is not None else lambda: (0.0, 0.0),
+            ddp_module=ddp_module, micro_steps=micro_steps,
+        )
+        self.resumed_from_step: int | None = None
+        self.started = False
+        self.stopped: str | None = None
+        """The agreed stop reason, once a stop was decided."""
+        self._opened = False
+        self._closed = False
+
+    def open(self) -> None:
+        """Take the run lease (with checkpoints on); idempotent."""
+        if self._opened:
+            return
+        self._opened = True
+        if self.checkpointing is not None:
+            self.checkpointing.open()
+
+    def resume(self, objects: Any, state: TrainState) -> int | None:
+        """Restore the checkpoint ``checkpoint.resume`` selects into ``objects`` and
+        ``state``; then start the run (config written, watchers on, FIT_START)."""
+        self.open()
+        if self.checkpointing is not None:
+            self.resumed_from_step = self.checkpointing.resume(objects, state)
+        self.start(state)
+        return self.resumed_from_step
+
+    def start(self, state: TrainState) -> None:
+        if self.started:
+            return
+        self.started = True
+        self.monitor.resumed_from_step = self.resumed_from_step
+        if self.context.is_main:
+            self.run_dir.create()
+            self.run_dir.write_text_atomic(self.run_dir.config_path, dump_config(self.config))
+        self.preemption.start()
+        self.events.fire(Event.FIT_START, state)
+        self.clock.end_of_previous_step(state.step + 1)
+
+    def step_end(self, state: TrainState) -> bool:
+        """The step ``state.step`` finished: metrics, then the ranks' agreed decision.
+
+        Returns True when the run must stop (a notice, a signal, a failed save with
+        ``checkpoint.on_failure: exit``); a preemption's save is done by then.
+        """
+        state.extra["breakdown_s"] = self.clock.finish()
+        self.clock.end_of_previous_step(state.step + 1)
+        if state.loss is not None:
+            self.events.fire(Event.STEP_END, state)
+        fault_point("step_end", step=state.step, rank=self.context.rank)
+        decision = self.agreement.exchange()
+        if self.checkpointing is not None:
+            if self.checkpointing.due(state, decision):
+                self.metrics.flush(state)  # metrics up to a checkpoint are on disk before it commits
+                self.checkpointing.save(state)
+            self.record_saves()
+        if decision.stop_code == StopReason.NONE:
+            return False
+        decision = self.agreement.flush() if self.context.is_distributed else decision
+        state.stop_requested = self.stopped = decision.stop_reason
+        log.warning("stopping at step %d: %s", state.step, decision.stop_reason)
+        if decision.stop_code == StopReason.PREEMPTED and self.checkpointing is not None:
+            self.metrics.flush(state)
+            self.metrics.write_event(self.checkpointing.save_for_preemption(state, decision))
+            self.record_saves()
+        self.events.fire(Event.PREEMPTION_NOTICE, state)
+        return True
+
+    def record_saves(self) -> None:
+        if self.checkpointing is None:
+            return
+        for record in self.checkpointing.finished_saves():
+            self.metrics.write_event(record)
+
+    def finish(self, state: TrainState, started_at: float,
+               save_model: Callable[[], None] | None = None) -> tuple[float, float]:
+        """The final save (unless stopped), ``run_end`` and diagnosis, FIT_END.
+
+        Returns (training seconds since ``started_at``, a ``time.perf_counter()`` value,
+        up to the final save's commit; samples/s over them)."""
+        self.agreement.flush()
+        if self.checkpointing is not None:
+            self.checkpointing.finish(state)
+            self.record_saves()
+        train_time_s = time.perf_counter() - started_at
+        self.events.fire(Event.CHECKPOINT, state)
+        if save_model is not None and self.config.checkpoint.save_final_model and self.context.is_main:
+            save_model()
+        samples_per_s = round(state.samples_seen / train_time_s, 2) if train_time_s > 0 else 0.0
+        self.monitor.finish(state, train_time_s, samples_per_s)
+        self.events.fire(Event.FIT_END, state)
+        return train_time_s, samples_per_s
+
+    def close(self) -> None:
+        """Stop every background thread; idempotent, also after a failure."""
+        if self._closed:
+            return
+        self._closed = True
+        self.preemption.stop()
+        self.monitor.close()
+        if self.checkpointing is not None:
+            self.checkpointing.close()
+
+
+def _progress_wanted(setting: bool | str) -> bool:
+    return sys.stdout.isatty() if setting == "auto" else bool(setting)

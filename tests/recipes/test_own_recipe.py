@@ -1,0 +1,94 @@
+"""A user's recipe, named by import path in YAML, trained by ``skylift run``: streamed,
+on 2 processes, killed and resumed exactly, with its report; bad ``recipe.args`` exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.checkpoint.runs import assert_same_run, records, summary
+from tests.conftest import EXAMPLES, run_cli
+
+EXACT = ("precision=fp32", "deterministic=true", "schedule.max_steps=30", "schedule.warmup_steps=5",
+         "checkpoint.every_steps=7", "checkpoint.every_minutes=null", "monitor.log_every_steps=5",
+         "monitor.tensorboard=false")
+
+
+@pytest.fixture(scope="module")
+def user_project(tmp_path_factory):
+    """A folder of the user's own: the recipe file and a config next to it, plus digits shards."""
+    folder = tmp_path_factory.mktemp("user-project")
+    shutil.copy(EXAMPLES / "own_recipe" / "tasks.py", folder / "my_tasks.py")
+    (folder / "run.yaml").write_text(
+        "recipe:\n  name: ./my_tasks.py:DigitsMLP\n  args:\n    hidden: 48\n"
+        "data:\n  global_batch_size: 64\n  num_workers: 1\n"
+    )
+    shards = folder / "shards"
+    result = run_cli("shard", "digits", str(shards), "--shard-size-mib", "0.05", "--json")
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+def _train(project, run_dir, *, env=None):
+    args = ["run", str(project / "run.yaml"), "--nproc", "2", "--json", "--set", f"run_dir={run_dir}",
+            "--set", f"data.url={project / 'shards' / 'train'}", "--set", f"data.val_url={project / 'shards' / 'val'}",
+            "--set", f"data.cache_dir={run_dir.parent / 'cache'}"]
+    for override in EXACT:
+        args += ["--set", override]
+    return run_cli(*args, env=env)
+
+
+@pytest.mark.multiprocess
+def test_user_recipe_streams_on_two_processes_and_resumes_exactly_after_a_kill(user_project, tmp_path):
+    reference = tmp_path / "reference"
+    result = _train(user_project, reference)
+    assert result.returncode == 0, result.stderr[-3000:]
+    finished = json.loads(result.stdout[result.stdout.index("{"):])
+    assert finished["world_size"] == 2 and finished["steps"] == 30 and finished["replicas_agree"] is True
+    assert (reference / "report" / "index.html").stat().st_size > 0 and finished["diagnosis"]
+    resolved = (reference / "config.yaml").read_text()
+    assert f"{user_project / 'my_tasks.py'}:DigitsMLP" in resolved and "hidden: 48" in resolved
+    run_dir = tmp_path / "run"
+    killed = _train(user_project, run_dir, env={"SKYLIFT_FAULT_INJECTION": "step_end:step=17"})
+    assert killed.returncode != 0
+    resumed = _train(user_project, run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == 14
+    assert_same_run(run_dir, reference)
+    assert len(records(run_dir, "run_start")) == 2
+
+
+def test_a_bad_recipe_args_key_exits_2_naming_the_closest_one(user_project):
+    result = run_cli("run", str(user_project / "run.yaml"), "--set", "recipe.args.hiden=3")
+    assert result.returncode == 2
+    assert "recipe.args.hiden: unknown key. Did you mean 'recipe.args.hidden'?" in result.stderr
+    assert "Valid keys here: hidden, layers" in result.stderr
+
+
+def test_a_failing_import_names_the_path_the_search_path_and_the_error(tmp_path):
+    (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
+    (tmp_path / "run.yaml").write_text("recipe:\n  name: ./broken.py:Task\n")
+    result = run_cli("run", str(tmp_path / "run.yaml"), "--dry-run")
+    assert result.returncode == 2
+    assert f"cannot import the file '{tmp_path / 'broken.py'}'" in result.stderr
+    assert "ModuleNotFoundError: No module named 'not_a_module_anywhere'" in result.stderr
+    assert "Module search path used:" in result.stderr
+    module = run_cli("run", str(tmp_path / "run.yaml"), "--dry-run", "--set", "recipe.name=no_such_pkg.tasks:Task")
+    assert module.returncode == 2 and "cannot import the module 'no_such_pkg.tasks'" in module.stderr
+
+
+def test_a_user_model_by_import_path_and_any_torchvision_classifier(tmp_path):
+    (tmp_path / "models.py").write_text(
+        "from torch import nn\n\ndef tiny(num_classes, width=16):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n")
+    (tmp_path / "run.yaml").write_text("model:\n  name: ./models.py:tiny\n  args:\n    width: 24\n")
+    result = run_cli("run", str(tmp_path / "run.yaml"), "--json", "--set", f"run_dir={tmp_path / 'run'}",
+                     "--set", "schedule.max_steps=3", "--set", "schedule.warmup_steps=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    assert load_file(tmp_path / "run" / "model.safetensors")["1.weight"].shape == (24, 64)
+    wrong = run_cli("check", str(tmp_path / "run.yaml"), "--set", "model.name=resnet51")
+    assert wrong.returncode == 2 and "resnet50" in wrong.stderr  # the closest torchvision names

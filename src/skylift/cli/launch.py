@@ -19,6 +19,7 @@ _PYTHON_NAMES = {"python", "python3", os.path.basename(sys.executable)}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_topology_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command; start nothing")
+    parser.add_argument("--no-doctor", action="store_true", help="start without the doctor's job checks")
     parser.add_argument(
         "script_command",
         nargs=argparse.REMAINDER,
@@ -43,7 +44,11 @@ def execute(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("torchrun " + " ".join(torchrun_arguments(topology, entry, module=True)))
         return 0
-    return launch_workers(topology, entry, module=True)
+    from skylift.doctor.gate import check_before_start
+
+    facts = check_before_start(None, command="launch", nproc=topology.nproc, nnodes=topology.nnodes,
+                               enforce=not args.no_doctor)  # fmt: skip
+    return launch_workers(topology, entry, module=True, facts=facts)
 
 
 def _script_command(command: list[str]) -> list[str]:

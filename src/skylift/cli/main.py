@@ -19,6 +19,10 @@ COMMANDS = {
     "shard": ("shard", "Write a dataset as tar shards + index to a folder or object store, for streaming."),
     "report": ("report", "Write a run folder's HTML dashboard and PNGs (RUN_DIR/report/index.html)."),
     "monitor": ("monitor", "Watch a run live in the terminal, from its metrics.jsonl (any node)."),
+    "doctor": ("doctor", "Check this machine (driver, torch build, GPUs, /dev/shm, NCCL) for a job; say what to fix."),
+    "dockerfile": ("dockerfile", "Write a Dockerfile (and .dockerignore) for this project that runs skylift run."),
+    "submit": ("submit", "Send a run to SageMaker, PAI-DLC, TI-ONE, Kubernetes or SkyPilot (--dry-run prints it)."),
+    "jobs": ("jobs", "Status, logs or stop of a job that skylift submit started."),
 }
 
 

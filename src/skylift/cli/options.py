@@ -21,10 +21,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("processes (PyTorch's torchrun underneath)")
-    group.add_argument("--nproc", type=int, default=1, help="worker processes on this node (default 1)")
-    group.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
-    group.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..nnodes-1")
-    group.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, reachable from all nodes")
+    group.add_argument("--nproc", type=int, default=None, help="worker processes on this node (default 1)")
+    group.add_argument("--nnodes", type=int, default=None, help="nodes in the job (default 1)")
+    group.add_argument("--node-rank", type=int, default=None, help="this node's index, 0..nnodes-1")
+    group.add_argument("--master-addr", default=None, help="address of node 0, reachable from all nodes")
     group.add_argument("--master-port", type=int, default=None, help="port on node 0 (default: a free one)")
     group.add_argument(
         "--grace-s",
@@ -36,9 +36,13 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def topology_from(args: argparse.Namespace, grace_s: float | None = None):  # noqa: ANN201 - Topology
+    from skylift.submit.environment import fill_from_platform
     from skylift.train.launcher import Topology
 
-    grace_s = args.grace_s if args.grace_s is not None else grace_s
+    # Unset flags (None) take what the platform tells this node (SageMaker, PAI-DLC,
+    # TI-ONE, Kubeflow, SkyPilot), else their defaults; a given flag wins.
+    platform_grace_s = fill_from_platform(args)
+    grace_s = next((value for value in (args.grace_s, grace_s, platform_grace_s) if value is not None), None)
     topology = Topology(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, grace_s)
     topology.validate()
     return topology

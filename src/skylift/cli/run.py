@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="auto|never|PATH",
         help="auto (default): the newest checkpoint that verifies; never; or one step-N folder",
     )
+    parser.add_argument("--no-doctor", action="store_true", help="start without the doctor's job checks")
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -34,6 +35,10 @@ def execute(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_plan(plan, as_json=args.json)
         return 0
+    from skylift.doctor.gate import check_before_start
+
+    facts = check_before_start(config, command="run", nproc=topology.nproc, nnodes=topology.nnodes,
+                               config_path=args.config, enforce=not args.no_doctor)  # fmt: skip
     if topology.world_size == 1 or launched_by_torchrun():
         from skylift.cli.worker import train_and_report
 
@@ -45,7 +50,7 @@ def execute(args: argparse.Namespace) -> int:
         entry += ["--set", override]
     if args.json:
         entry.append("--json")
-    return launch_workers(topology, entry, module=True)
+    return launch_workers(topology, entry, module=True, facts=facts)
 
 
 def _print_plan(plan: dict, *, as_json: bool) -> None:

@@ -13,6 +13,10 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skylift.doctor.facts import Facts
 
 __all__ = ["Topology", "launch_workers", "torchrun_arguments"]
 
@@ -79,12 +83,14 @@ def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) ->
     return argv + entry
 
 
-def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int:
+def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts: Facts | None = None) -> int:
     """Run ``entry`` on ``topology.nproc`` local workers; return the job's exit code.
 
     A failed worker's own exit code is returned (not torchrun's generic 1), so codes
     such as "requeue" (143) reach the caller's scheduler. SIGTERM to this process is
-    forwarded to the workers, which get ``grace_s`` to save before SIGKILL.
+    forwarded to the workers, which get ``grace_s`` to save before SIGKILL. With the
+    doctor's ``facts``, the NCCL variables this machine needs are set for the workers
+    (never over the user's) and recorded in ``SKYLIFT_NCCL_SETTINGS``.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -99,6 +105,8 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
         # A rendezvous on loopback means one machine; gloo would otherwise bind the
         # address the host name resolves to, which may be a network card's.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    if facts is not None:
+        _apply_nccl_settings(facts, topology)
     args = get_args_parser().parse_args(torchrun_arguments(topology, entry, module=module))
     try:
         run(args)
@@ -115,6 +123,16 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool) -> int
             print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
         return code
     return 0
+
+
+def _apply_nccl_settings(facts: Facts, topology: Topology) -> None:
+    """Put the doctor's NCCL plan into this process's environment, which torchrun's workers inherit."""
+    from skylift.doctor.nccl import plan_nccl
+
+    plan = plan_nccl(facts, world_size=topology.world_size, nnodes=topology.nnodes, master_addr=topology.master_addr)
+    for line in plan.lines():
+        print(f"skylift: NCCL: {line}", file=sys.stderr)
+    os.environ.update(plan.environment())
 
 
 def _is_loopback(address: str) -> bool:

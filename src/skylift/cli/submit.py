@@ -1,0 +1,59 @@
+"""``skylift submit CONFIG --platform P``: build the platform's job request and send it."""
+
+from __future__ import annotations
+
+import argparse
+
+from skylift.cli.options import add_config_arguments
+from skylift.submit.base import MODULES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--platform", required=True, choices=list(MODULES), help="where the job runs")
+    parser.add_argument("--instance", default=None, metavar="TYPE",
+                        help="machine per node in the platform's names, e.g. ml.p4d.24xlarge, A100:8")
+    parser.add_argument("--count", type=int, default=None, metavar="N", help="nodes (default 1)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                        help="GPUs per node (Kubernetes needs it; others read it on the node)")
+    parser.add_argument("--spot", action="store_true", default=None, help="spot capacity; the job resumes")
+    parser.add_argument("--image", default=None, metavar="URI", help="image with skylift (skylift dockerfile)")
+    parser.add_argument("--region", default=None, help="cloud region (default: the vendor's configured one)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the exact request (secrets redacted); send nothing")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--watch", action="store_true",
+                        help="follow the job; resubmit it after a spot reclaim the platform does not relaunch")
+    parser.add_argument("--max-resubmits", type=int, default=None, metavar="N",
+                        help="--watch: resubmissions after reclaims (default submit.max_resubmits, 3)")
+
+
+def execute(args: argparse.Namespace) -> int:
+    from skylift.submit.output import exit_code
+
+    return exit_code("submit", lambda: _submit(args))
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from skylift.submit.base import platform_module
+    from skylift.submit.output import print_request, print_submitted
+    from skylift.submit.spec import job_spec_from, load_run_and_submit, with_flags
+
+    config, options = load_run_and_submit(args.config, args.overrides)
+    options = with_flags(options, image=args.image, instance_type=args.instance, instance_count=args.count,
+                         gpus_per_node=args.gpus_per_node, spot=args.spot, region=args.region,
+                         max_resubmits=args.max_resubmits)
+    run_overrides = [item for item in args.overrides if not item.startswith("submit.")]
+    job = job_spec_from(config, options, args.config, run_overrides)
+    platform = platform_module(args.platform)
+    request = platform.build(job)
+    if args.dry_run:
+        print_request(request, as_json=args.json)
+        return 0
+    ref = platform.send(request, options)
+    print_submitted(request, ref, as_json=args.json)
+    if not args.watch:
+        return 0
+    from skylift.submit.watch import watch
+
+    return watch(platform, job, ref)

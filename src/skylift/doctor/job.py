@@ -1,0 +1,66 @@
+"""What a run config asks of the machine, as :class:`~skylift.doctor.facts.JobFacts`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from skylift.doctor.facts import JobFacts
+from skylift.errors import SkyliftConfigError
+
+if TYPE_CHECKING:
+    from skylift.config.schema import RunConfig
+
+__all__ = ["job_facts", "sample_bytes"]
+
+_GIB = 1024**3
+_LABEL_BYTES = 8  # one int64 class index
+
+
+def job_facts(config: RunConfig, *, config_path: str | None, nproc: int = 1, nnodes: int = 1) -> JobFacts:
+    """The job's shape, loader, disk and memory needs (the memory from a meta trace).
+
+    Raises:
+        SkyliftConfigError: the batch does not divide over the ranks (naming the fields).
+    """
+    from skylift.doctor.gather import gather_disks
+    from skylift.doctor.memory import estimate_memory
+
+    world_size = nproc * nnodes
+    token_budget = config.data.batching == "token_budget"
+    try:
+        micro_batch = None if token_budget else config.micro_batch_size(world_size)
+    except ValueError as error:
+        raise SkyliftConfigError(str(error)) from None
+    rows = micro_batch or max(1, config.data.max_tokens // config.data.max_length)
+    local = any(disk.purpose == "checkpoint_local" for disk in gather_disks(config))
+    return JobFacts(
+        source="config",
+        config_path=config_path,
+        device=config.device,
+        precision=config.precision,
+        backend=config.distributed.backend,
+        nproc=nproc,
+        nnodes=nnodes,
+        num_workers=config.data.num_workers,
+        micro_batch_size=rows,
+        sample_bytes=sample_bytes(config),
+        streaming=bool(config.data.url),
+        cache_bytes=int(config.data.cache_limit_gib * _GIB) if config.data.url else 0,
+        checkpoint_local=config.checkpoint.enabled and local,
+        checkpoint_keep=config.checkpoint.keep,
+        memory=estimate_memory(config, rows, world_size),
+    )
+
+
+def sample_bytes(config: RunConfig) -> int | None:
+    """Bytes of one collated training sample; None for streamed data (shape unknown)."""
+    from skylift.doctor.memory import sample_shape
+
+    if config.recipe.name == "text_classification":
+        # input ids (int64) and attention mask (bool) per token, plus the label
+        return config.data.max_length * (8 + 1) + _LABEL_BYTES
+    shape = sample_shape(config)
+    if shape is None:
+        return None
+    channels, height, width = shape[1]
+    return channels * height * width * 4 + _LABEL_BYTES

@@ -1,0 +1,148 @@
+"""How much device memory one training rank needs, estimated without a GPU.
+
+The model is built on the ``meta`` device (shapes only: no memory, no arithmetic,
+seconds even for a ResNet-50), one micro-batch's loss is traced through it, and the
+tensors autograd saves for backward are added up through
+:func:`torch.autograd.graph.saved_tensors_hooks`. Those saved tensors are what a
+step holds at its peak, next to the fp32 weights, their gradients (plus DDP's
+gradient buckets, one more copy, with several ranks) and the optimizer state.
+
+It is an estimate: allocator fragmentation, cuBLAS/cuDNN workspaces and the CUDA
+context (a few hundred MiB) come on top, which is why the rule warns from 90 %.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from skylift.doctor.facts import MemoryEstimate
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from skylift.config.schema import RunConfig
+
+__all__ = ["estimate_memory", "sample_shape"]
+
+_FP32_BYTES = 4
+_HALF_BYTES = 2
+
+
+def sample_shape(config: RunConfig) -> tuple[int, tuple[int, ...]] | None:
+    """``(in_channels, image shape)`` of the configured image data; None for text or
+    streamed data (whose shape is known only once the first shard is read)."""
+    data = config.data
+    if data.url or config.recipe.name != "image_classification":
+        return None
+    if data.dataset == "digits":
+        return 1, (1, 8, 8)  # scikit-learn's 8x8 grey digits
+    return 3, (3, data.image_size, data.image_size)
+
+
+def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -> MemoryEstimate:
+    """Peak memory of one rank training ``config`` with ``micro_batch_size`` samples.
+
+    Example:
+        >>> estimate_memory(load_config("examples/quickstart.yaml"), 64, 1).total_bytes > 0
+        True
+    """
+    import torch
+
+    try:
+        model, batch, loss = _meta_model_and_batch(config, micro_batch_size)
+    except Exception as error:  # noqa: BLE001 - an unknown model leaves the estimate out, not the report
+        return MemoryEstimate(note=f"model not traced: {type(error).__name__}: {error}")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    parameters = sum(p.numel() for p in model.parameters())
+    state_bytes_per_parameter = {"adamw": 2 * _FP32_BYTES, "sgd": _FP32_BYTES if config.optim.momentum else 0}
+    optimizer_bytes = trainable * state_bytes_per_parameter[config.optim.name]
+    gradient_copies = 2 if world_size > 1 else 1  # DDP's flattened buckets beside .grad
+    half = config.precision in ("fp16", "bf16") or (config.precision == "auto" and torch.cuda.is_available())
+    activation_bytes, note = _saved_tensor_bytes(model, batch, loss, half=half)
+    estimate = MemoryEstimate(
+        parameters=parameters,
+        parameter_bytes=parameters * _FP32_BYTES,
+        gradient_bytes=trainable * _FP32_BYTES * gradient_copies,
+        optimizer_bytes=optimizer_bytes,
+        activation_bytes=activation_bytes,
+        checkpoint_bytes=parameters * _FP32_BYTES + optimizer_bytes,
+        note=note,
+    )
+    estimate.total_bytes = (
+        estimate.parameter_bytes + estimate.gradient_bytes + optimizer_bytes + (activation_bytes or 0)
+    )
+    return estimate
+
+
+def _meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.Module, Any, Any]:
+    import torch
+
+    from skylift.recipes import build_recipe
+
+    recipe = build_recipe(config)
+    num_classes = config.model.num_classes or (10 if config.recipe.name == "image_classification" else 2)
+    with torch.device("meta"):
+        if config.recipe.name == "text_classification":
+            model = _meta_minilm(config, num_classes)
+            batch = _text_batch(config, micro_batch_size)
+        else:
+            from skylift.data.datasets import DatasetSplit
+
+            shape = sample_shape(config)
+            if shape is None:
+                raise ValueError("streamed images: the sample shape is known only after the first shard")
+            split = DatasetSplit(train=None, val=None, num_classes=num_classes, in_channels=shape[0])  # type: ignore[arg-type]
+            model = recipe.build_model(split)
+            batch = (torch.empty(micro_batch_size, *shape[1]), torch.zeros(micro_batch_size, dtype=torch.long))
+    model.train()
+    return model, batch, recipe.training_loss
+
+
+def _meta_minilm(config: RunConfig, num_classes: int) -> nn.Module:
+    # The recipe's build_model loads the pretrained weights; on meta only the
+    # architecture is needed, which config.json describes.
+    from skylift.recipes.minilm import BertEncoder, BertSpec, MiniLMClassifier, minilm_dir
+
+    encoder = BertEncoder(BertSpec.from_file(minilm_dir() / "config.json"))
+    return MiniLMClassifier(encoder, num_classes, pooling=config.model.pooling)
+
+
+def _text_batch(config: RunConfig, micro_batch_size: int) -> tuple[torch.Tensor, ...]:
+    import torch
+
+    data = config.data
+    length = data.max_length
+    rows = max(1, data.max_tokens // length) if data.batching == "token_budget" else micro_batch_size
+    return (
+        torch.zeros(rows, length, dtype=torch.long),
+        torch.ones(rows, length, dtype=torch.bool),
+        torch.zeros(rows, dtype=torch.long),
+    )
+
+
+def _saved_tensor_bytes(model: nn.Module, batch: Any, loss_fn: Any, *, half: bool) -> tuple[int | None, str | None]:
+    """Bytes autograd saves for backward in one forward, each storage counted once and
+    the parameters (counted apart) left out; floating tensors at 2 bytes under autocast."""
+    import torch
+
+    parameter_ids = {id(parameter) for parameter in model.parameters()}
+    seen: dict[int, torch.Tensor] = {}  # keeps each tensor alive so its id stays unique
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor._base if tensor._base is not None else tensor
+        if id(base) not in parameter_ids:
+            seen.setdefault(id(base), base)
+        return tensor
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss_fn(model, batch)
+    except Exception as error:  # noqa: BLE001 - an op without a meta kernel: parameters still count
+        return None, f"activations not traced: {type(error).__name__}: {error}"
+
+    def size(tensor: torch.Tensor) -> int:
+        element = _HALF_BYTES if half and tensor.is_floating_point() else tensor.element_size()
+        return tensor.numel() * element
+
+    return sum(size(tensor) for tensor in seen.values()), None

@@ -1,0 +1,86 @@
+"""Verdicts and the rule table.
+
+A rule is one small function from :class:`~skylift.doctor.facts.Facts` to a
+:class:`Finding` (or several, or ``None`` when it does not apply), registered with
+``@rule("name")``. Adding a check is one function and one test on a recorded fact
+set; rules never read the machine, so they are tested anywhere.
+
+``gate=True`` marks rules about whether a job can run at all: ``skylift run`` and
+``skylift launch`` evaluate those and stop on a ``fail`` before any worker starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from skylift.doctor.facts import Facts
+
+__all__ = ["RULES", "Finding", "Rule", "Status", "Verdict", "evaluate", "rule"]
+
+Status = Literal["pass", "info", "warn", "fail"]
+_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "info": 2, "pass": 3}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a rule concluded: the status, why, and the exact fix (a command, a
+    variable, a config key) when there is something to do."""
+
+    status: Status
+    reason: str
+    fix: str | None = None
+
+
+class Verdict(BaseModel):
+    """One line of the report (and one object of ``verdicts`` in ``--json``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str
+    status: Status
+    reason: str
+    fix: str | None = None
+
+
+Check = Callable[[Facts], "Finding | list[Finding] | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    check: Check
+    gate: bool
+
+
+RULES: list[Rule] = []
+"""Every registered rule, in registration order (the rule modules' import order)."""
+
+
+def rule(name: str, *, gate: bool = False) -> Callable[[Check], Check]:
+    """Register ``check`` under ``name``; ``gate``: checked before ``run``/``launch``."""
+
+    def register(check: Check) -> Check:
+        if any(existing.name == name for existing in RULES):
+            raise ValueError(f"doctor rule {name!r} is registered twice")
+        RULES.append(Rule(name, check, gate))
+        return check
+
+    return register
+
+
+def evaluate(facts: Facts, rules: Iterable[Rule] | None = None, *, gate_only: bool = False) -> list[Verdict]:
+    """Run the rules over ``facts``; verdicts sorted worst first, then by rule order."""
+    import skylift.doctor.rules  # noqa: F401 - registers the built-in rules
+
+    verdicts: list[Verdict] = []
+    for entry in RULES if rules is None else rules:
+        if gate_only and not entry.gate:
+            continue
+        found = entry.check(facts)
+        findings = [] if found is None else found if isinstance(found, list) else [found]
+        verdicts += [Verdict(rule=entry.name, status=f.status, reason=f.reason, fix=f.fix) for f in findings]
+    return sorted(verdicts, key=lambda verdict: _ORDER[verdict.status])

@@ -1,0 +1,289 @@
+"""Kubernetes: a Kubeflow Trainer v2 ``TrainJob`` on a skylift ``ClusterTrainingRuntime``,
+or a Training Operator v1 ``PyTorchJob``, sent with the ``kubernetes`` client (extra ``k8s``).
+
+Restart-on-preemption: a worker that saves and exits 143 after SIGTERM, or a pod that
+is evicted by a node disruption (``DisruptionTarget``), fails its Job through the
+``podFailurePolicy``; the JobSet ``failurePolicy`` then restarts the whole JobSet (up
+to ``max_restarts``) and ``skylift run --resume auto`` continues from the checkpoint.
+Other failures (exit 1-127) fail the job at once. The v1 ``PyTorchJob`` gets the same
+contract from ``restartPolicy: ExitCode`` (128-255 retried, 1-127 permanent).
+
+Spot scheduling per managed cluster: EKS with Karpenter (``karpenter.sh/capacity-type``),
+GKE (``cloud.google.com/gke-spot``), AKS (``kubernetes.azure.com/scalesetpriority``,
+with the taint AKS puts on spot pools). ACK and TKE publish no standard spot node
+label: label and taint the spot node pool ``skylift.io/capacity-type=spot``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from skylift.errors import SkyliftConfigError
+from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, import_sdk, vendor_errors
+from skylift.config.submit import SubmitConfig
+from skylift.submit.spec import JobSpec
+
+__all__ = ["SPOT_SCHEDULING", "build", "logs", "send", "status", "stop"]
+
+TRAINER_API = ("trainer.kubeflow.org", "v1alpha1")
+TRAINING_OPERATOR_API = ("kubeflow.org", "v1")
+EXIT_REQUEUE = 143
+
+# cloud -> (node selector, tolerations) that put a pod on spot capacity
+SPOT_SCHEDULING: dict[str, tuple[dict[str, str], list[dict[str, str]]]] = {
+    "eks": ({"karpenter.sh/capacity-type": "spot"}, []),
+    "gke": ({"cloud.google.com/gke-spot": "true"},
+            [{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]),
+    "aks": ({"kubernetes.azure.com/scalesetpriority": "spot"},
+            [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+              "effect": "NoSchedule"}]),
+    "ack": ({"skylift.io/capacity-type": "spot"},
+            [{"key": "skylift.io/capacity-type", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}]),
+    "tke": ({"skylift.io/capacity-type": "spot"},
+            [{"key": "skylift.io/capacity-type", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}]),
+}
+# A job's conditions (TrainJob and PyTorchJob), most telling first.
+_CONDITION_STATES: tuple[tuple[str, JobState], ...] = (
+    ("Complete", "succeeded"), ("Succeeded", "succeeded"), ("Failed", "failed"),
+    ("Suspended", "stopped"), ("Running", "running"), ("Restarting", "running"))
+# cloud -> the notice window of skylift.cloud.notice that a pod gets to save in
+_NOTICE_CLOUD = {"eks": "aws", "gke": "gcp", "aks": "azure", "ack": "aliyun", "tke": "tencent"}
+
+
+def build(job: JobSpec) -> SubmitRequest:
+    options = job.options
+    if options.spot and options.kubernetes.cloud == "none":
+        raise SkyliftConfigError(
+            "--spot on Kubernetes needs the cluster flavour for its spot node labels: submit.kubernetes.cloud",
+            hint="Add: --set submit.kubernetes.cloud=eks   (or gke, aks, ack, tke)",
+        )
+    target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
+    if options.kubernetes.api == "pytorchjob":
+        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job))
+    runtime = _cluster_training_runtime(job)
+    return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]), [runtime])
+
+
+def grace_period_s(options: SubmitConfig) -> int:
+    from skylift.cloud.notice import DEFAULT_SIGNAL_GRACE_S, NOTICE_WINDOW_S
+
+    cloud = _NOTICE_CLOUD.get(options.kubernetes.cloud)
+    return int(NOTICE_WINDOW_S.get(cloud or "", DEFAULT_SIGNAL_GRACE_S))
+
+
+def _scheduling(options: SubmitConfig) -> dict[str, Any]:
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": grace_period_s(options)}
+    selector: dict[str, str] = {}
+    if options.instance_type:
+        selector["node.kubernetes.io/instance-type"] = options.instance_type
+    if options.spot:
+        spot_selector, tolerations = SPOT_SCHEDULING[options.kubernetes.cloud]
+        selector.update(spot_selector)
+        if tolerations:
+            spec["tolerations"] = tolerations
+    if selector:
+        spec["nodeSelector"] = selector
+    return spec
+
+
+def _env(job: JobSpec) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in {"SKYLIFT_PLATFORM": "k8s", **job.envs}.items()]
+
+
+def _resources(options: SubmitConfig) -> dict[str, Any] | None:
+    if not options.gpus_per_node:
+        return None
+    return {"limits": {"nvidia.com/gpu": str(options.gpus_per_node)}}
+
+
+def _runtime_name(options: SubmitConfig) -> str:
+    base = options.kubernetes.runtime_name
+    return f"{base}-spot-{options.kubernetes.cloud}" if options.spot else base
+
+
+def _cluster_training_runtime(job: JobSpec) -> dict[str, Any]:
+    options = job.options
+    pod_spec = {**_scheduling(options), "restartPolicy": "Never",
+                "containers": [{"name": "node", "image": options.image}]}
+    job_template = {
+        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+        "spec": {
+            "backoffLimit": 0,
+            # Saved-and-exited after SIGTERM (143) or evicted by a node disruption: a
+            # preemption, which the JobSet restarts; anything else fails the job.
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
+                                                      "values": [EXIT_REQUEUE]}},
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "template": {"spec": pod_spec},
+        },
+    }
+    return {
+        "apiVersion": "/".join(TRAINER_API),
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": _runtime_name(options), "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {
+                "failurePolicy": {
+                    "maxRestarts": options.kubernetes.max_restarts,
+                    "restartStrategy": "Recreate",
+                    "rules": [
+                        {"name": "restart-on-preemption", "action": "RestartJobSet",
+                         "onJobFailureReasons": ["PodFailurePolicy"]},
+                        {"name": "fail-on-error", "action": "FailJobSet",
+                         "onJobFailureReasons": ["BackoffLimitExceeded"]},
+                    ],
+                },
+                "replicatedJobs": [{"name": "node", "replicas": 1, "template": job_template}],
+            }},
+        },
+    }
+
+
+def _train_job(job: JobSpec, runtime_name: str) -> dict[str, Any]:
+    options = job.options
+    trainer: dict[str, Any] = {
+        "image": options.image,
+        "command": job.command(job.grace_overrides(grace_period_s(options))),
+        "env": _env(job),
+        "numNodes": options.instance_count,
+    }
+    if options.gpus_per_node:
+        trainer["numProcPerNode"] = options.gpus_per_node
+        trainer["resourcesPerNode"] = _resources(options)
+    return {
+        "apiVersion": "/".join(TRAINER_API),
+        "kind": "TrainJob",
+        "metadata": {"name": job.name, "namespace": options.kubernetes.namespace},
+        "spec": {
+            "runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_API[0]},
+            "trainer": trainer,
+            "activeDeadlineSeconds": options.max_runtime_s,
+        },
+    }
+
+
+def _pytorch_job(job: JobSpec) -> dict[str, Any]:
+    options = job.options
+    command = job.command(job.grace_overrides(grace_period_s(options)))
+    container: dict[str, Any] = {"name": "pytorch", "image": options.image, "command": command, "env": _env(job)}
+    if _resources(options):
+        container["resources"] = _resources(options)
+    template = {"spec": {**_scheduling(options), "containers": [container]}}
+
+    def replicas(count: int) -> dict[str, Any]:
+        # ExitCode: 1-127 permanent, 128-255 (our 143 after SIGTERM) retried.
+        return {"replicas": count, "restartPolicy": "ExitCode", "template": template}
+
+    specs = {"Master": replicas(1)}
+    if options.instance_count > 1:
+        specs["Worker"] = replicas(options.instance_count - 1)
+    return {
+        "apiVersion": "/".join(TRAINING_OPERATOR_API),
+        "kind": "PyTorchJob",
+        "metadata": {"name": job.name, "namespace": options.kubernetes.namespace},
+        "spec": {
+            "nprocPerNode": str(options.gpus_per_node) if options.gpus_per_node else "auto",
+            "runPolicy": {"backoffLimit": options.kubernetes.max_restarts, "cleanPodPolicy": "None",
+                          "activeDeadlineSeconds": options.max_runtime_s},
+            "pytorchReplicaSpecs": specs,
+        },
+    }
+
+
+def _client_module() -> Any:
+    return import_sdk("kubernetes.client", "k8s", "kubernetes")
+
+
+def _api_client(context: str | None) -> Any:
+    kubernetes = import_sdk("kubernetes", "k8s", "kubernetes")
+    from kubernetes.config.config_exception import ConfigException
+
+    # The client reads KUBECONFIG once, at import; read it now, as kubectl does.
+    config_file = os.environ.get("KUBECONFIG") or None
+    try:
+        return kubernetes.config.new_client_from_config(config_file=config_file, context=context)
+    except ConfigException as error:
+        raise SkyliftConfigError(
+            f"no usable kube context: {error}",
+            hint="Point kubectl at the cluster (KUBECONFIG or ~/.kube/config), "
+            "check with: kubectl config current-context",
+        ) from None
+
+
+def _errors() -> Any:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return vendor_errors("k8s", ApiException, HTTPError)
+
+
+def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
+    client = _client_module()
+    custom = client.CustomObjectsApi(_api_client(options.kubernetes.context))
+    body = request.body
+    group, version = body["apiVersion"].split("/")
+    plural = "trainjobs" if body["kind"] == "TrainJob" else "pytorchjobs"
+    namespace = body["metadata"]["namespace"]
+    with _errors():
+        for runtime in request.extra:
+            _apply_cluster_object(custom, runtime)
+        custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+    return JobRef("k8s", f"{namespace}/{plural}", body["metadata"]["name"])
+
+
+def _apply_cluster_object(custom: Any, body: dict[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    group, version = body["apiVersion"].split("/")
+    try:
+        custom.create_cluster_custom_object(group, version, "clustertrainingruntimes", body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        # Already there (an earlier submit): bring it up to date.
+        custom.patch_cluster_custom_object(group, version, "clustertrainingruntimes", body["metadata"]["name"], body)
+
+
+def _location(ref: JobRef) -> tuple[str, str, str, str]:
+    namespace, _, plural = ref.location.partition("/")
+    group, version = TRAINER_API if plural == "trainjobs" else TRAINING_OPERATOR_API
+    return group, version, namespace, plural
+
+
+def status(ref: JobRef, endpoint: str | None = None) -> JobStatus:
+    client = _client_module()
+    group, version, namespace, plural = _location(ref)
+    with _errors():
+        job = client.CustomObjectsApi(_api_client(endpoint)).get_namespaced_custom_object(
+            group, version, namespace, plural, ref.job_id)
+    conditions = {item["type"]: item for item in job.get("status", {}).get("conditions", [])
+                  if item.get("status") == "True"}
+    for kind, state in _CONDITION_STATES:
+        if kind in conditions:
+            return JobStatus(ref, state, f"{kind}: {conditions[kind].get('message', '')}".rstrip(": "))
+    return JobStatus(ref, "pending", "Created")
+
+
+def stop(ref: JobRef, endpoint: str | None = None) -> None:
+    client = _client_module()
+    group, version, namespace, plural = _location(ref)
+    with _errors():
+        client.CustomObjectsApi(_api_client(endpoint)).delete_namespaced_custom_object(
+            group, version, namespace, plural, ref.job_id)
+
+
+def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list[str]:
+    client = _client_module()
+    _, _, namespace, plural = _location(ref)
+    label = "jobset.sigs.k8s.io/jobset-name" if plural == "trainjobs" else "training.kubeflow.org/job-name"
+    core = client.CoreV1Api(_api_client(endpoint))
+    lines = []
+    with _errors():
+        for pod in core.list_namespaced_pod(namespace, label_selector=f"{label}={ref.job_id}").items:
+            text = core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=max_lines)
+            lines += [f"[{pod.metadata.name}] {line}" for line in text.splitlines()]
+    return lines

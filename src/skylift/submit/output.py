@@ -1,0 +1,74 @@
+"""How ``skylift submit`` and ``skylift jobs`` print requests and jobs; always redacted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from skylift.submit.base import MODULES, JobRef, JobStatus, SubmitRequest
+from skylift.submit.redact import redact
+
+__all__ = ["exit_code", "print_request", "print_status", "print_submitted", "request_document"]
+
+# Platforms whose request is a YAML manifest rather than a JSON API body.
+_YAML_PLATFORMS = ("k8s", "skypilot")
+
+
+def request_document(request: SubmitRequest) -> dict[str, Any]:
+    """The request as one JSON-able mapping, secrets redacted."""
+    document = {
+        "platform": request.platform,
+        "operation": request.operation,
+        "target": request.target,
+        "request": request.body,
+    }
+    if request.extra:
+        document["applied_first"] = request.extra
+    return redact(document)
+
+
+def print_request(request: SubmitRequest, *, as_json: bool) -> None:
+    document = request_document(request)
+    if as_json:
+        print(json.dumps({**document, "sent": False}, indent=2))
+        return
+    name = MODULES[request.platform][1]
+    print(f"skylift submit --dry-run: {name} {request.operation} -> {request.target}; nothing was sent")
+    if request.platform in _YAML_PLATFORMS:
+        documents = [*document.get("applied_first", []), document["request"]]
+        print(yaml.safe_dump_all(documents, sort_keys=False), end="")
+    else:
+        print(json.dumps(document["request"], indent=2))
+
+
+def print_submitted(request: SubmitRequest, ref: JobRef, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**request_document(request), "sent": True, "job": str(ref)}, indent=2))
+        return
+    print(f"skylift submit: {MODULES[request.platform][1]} accepted {request.operation}; job {ref}")
+    print(f"  follow it with: skylift jobs status {ref}   (logs: skylift jobs logs {ref})")
+
+
+def print_status(status: JobStatus, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(redact({"job": str(status.ref), "state": status.state, "detail": status.detail,
+                                 "preempted": status.preempted})))
+        return
+    note = " (preempted: resubmit to resume)" if status.preempted else ""
+    print(redact(f"{status.ref}: {status.state} - {status.detail}{note}"))
+
+
+def exit_code(command: str, action: Callable[[], int]) -> int:
+    """``action()``, or 1 with the platform's answer on stderr when a platform call fails."""
+    from skylift.errors import EXIT_FAILURE
+    from skylift.submit.base import PlatformError
+
+    try:
+        return action()
+    except PlatformError as error:
+        print(f"skylift {command}: {error}", file=sys.stderr)
+        return EXIT_FAILURE

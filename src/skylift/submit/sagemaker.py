@@ -1,0 +1,194 @@
+"""AWS SageMaker: ``CreateTrainingJob`` through boto3 (extra ``sagemaker``).
+
+The image runs ``skylift run`` as its entrypoint (a bring-your-own container gets no
+``SM_*`` variables; ``skylift run`` reads ``resourceconfig.json`` itself). On one
+instance checkpoints go to ``/opt/ml/checkpoints``, which SageMaker syncs to
+``CheckpointConfig.S3Uri`` and restores there when a managed-spot job restarts after
+an interruption; on several, straight to the S3 root (see :func:`_checkpointing`).
+Data channels are mounted lazily (``FastFile``) under ``/opt/ml/input/data/<channel>``.
+SageMaker stops a job with SIGTERM and SIGKILL 120 s later (``docker stop -t120``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skylift.errors import SkyliftConfigError
+from skylift.submit.base import (
+    JobRef,
+    JobState,
+    JobStatus,
+    SubmitRequest,
+    credentials_error,
+    import_sdk,
+    vendor_errors,
+)
+from skylift.config.submit import SubmitConfig
+from skylift.submit.spec import JobSpec, object_store_url, parse_store_url
+
+__all__ = ["CHECKPOINT_LOCAL_PATH", "STOP_GRACE_S", "build", "logs", "send", "status", "stop"]
+
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+STOP_GRACE_S = 120.0
+"""``StopTrainingJob`` and spot interruptions: SIGTERM, then SIGKILL this much later."""
+_CHANNEL_ROOT = "/opt/ml/input/data"
+_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+_CREDENTIALS_HINT = (
+    "Set AWS credentials the AWS way: `aws configure` (or AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY), then check them with: aws sts get-caller-identity"
+)
+_STATES: dict[str, JobState] = {
+    "InProgress": "running", "Completed": "succeeded", "Failed": "failed", "Stopping": "running",
+    "Stopped": "stopped",
+}
+
+
+def build(job: JobSpec) -> SubmitRequest:
+    options = job.options
+    role_arn = options.sagemaker.role_arn
+    if not role_arn:
+        raise SkyliftConfigError(
+            "SageMaker needs the IAM role the job runs as: submit.sagemaker.role_arn",
+            hint="Add: --set submit.sagemaker.role_arn=arn:aws:iam::ACCOUNT:role/ROLE "
+            "(list roles with: aws iam list-roles --query 'Roles[].Arn')",
+        )
+    if not options.instance_type:
+        raise SkyliftConfigError("SageMaker needs --instance, e.g. --instance ml.p4d.24xlarge")
+    checkpoint_uri = object_store_url(job.checkpoint_root, ("s3",), "checkpoint.root", "SageMaker")
+    _, bucket, _ = parse_store_url(checkpoint_uri)
+    channels, data_overrides = _channels(job)
+    checkpoint_config, checkpoint_overrides = _checkpointing(job, checkpoint_uri)
+    command = job.command({**checkpoint_overrides, **data_overrides})
+    body: dict[str, Any] = {
+        "TrainingJobName": job.name,
+        "RoleArn": role_arn,
+        "AlgorithmSpecification": {
+            "TrainingImage": options.image,
+            "TrainingInputMode": "FastFile",
+            "ContainerEntrypoint": command[:1],
+            "ContainerArguments": command[1:],
+        },
+        "ResourceConfig": {
+            "InstanceType": options.instance_type,
+            "InstanceCount": options.instance_count,
+            "VolumeSizeInGB": options.sagemaker.volume_size_gib,
+        },
+        "OutputDataConfig": {"S3OutputPath": options.sagemaker.output_path or f"s3://{bucket}/skylift-output/"},
+        "StoppingCondition": _stopping_condition(job),
+        "EnableManagedSpotTraining": options.spot,
+        "Environment": {"SKYLIFT_PLATFORM": "sagemaker", **job.envs},
+        "RetryStrategy": {"MaximumRetryAttempts": options.sagemaker.retry_attempts},
+        "Tags": [{"Key": "skylift:attempt", "Value": str(job.attempt)}],
+    }
+    if checkpoint_config:
+        body["CheckpointConfig"] = checkpoint_config
+    if channels:
+        body["InputDataConfig"] = channels
+    target = options.sagemaker.endpoint_url or f"sagemaker {options.region or '(default region)'}"
+    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body)
+
+
+def _checkpointing(job: JobSpec, checkpoint_uri: str) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """``CheckpointConfig`` and the job's checkpoint overrides.
+
+    One instance: SageMaker's own sync of ``/opt/ml/checkpoints`` to the S3 root,
+    restored there when managed spot restarts the job. Several: every rank writes its
+    files into one shared ``step-N/`` that rank 0 commits, which per-instance folders
+    synced on their own cannot give (and only rank 0 would prune old steps), so the
+    ranks write to the S3 root directly, with the job role's credentials.
+    """
+    if job.options.instance_count > 1:
+        return None, {"checkpoint.root": checkpoint_uri}
+    synced = {"S3Uri": checkpoint_uri + "/", "LocalPath": CHECKPOINT_LOCAL_PATH}
+    return synced, {"checkpoint.root": CHECKPOINT_LOCAL_PATH}
+
+
+def _stopping_condition(job: JobSpec) -> dict[str, int]:
+    runtime_s = job.options.max_runtime_s
+    condition = {"MaxRuntimeInSeconds": runtime_s}
+    if job.options.spot:
+        # Spot: the wait for capacity counts too, so it must cover the runtime.
+        condition["MaxWaitTimeInSeconds"] = job.options.max_wait_s or 2 * runtime_s
+    return condition
+
+
+def _channels(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    channels, overrides = [], {}
+    for channel, field_name, url in (("train", "data.url", job.data_url), ("validation", "data.val_url", job.val_url)):
+        if url is None:
+            continue
+        object_store_url(url, ("s3",), field_name, "SageMaker")
+        channels.append({
+            "ChannelName": channel,
+            "DataSource": {"S3DataSource": {
+                "S3DataType": "S3Prefix", "S3Uri": url, "S3DataDistributionType": "FullyReplicated",
+            }},
+            "InputMode": "FastFile",
+        })
+        overrides[field_name] = f"{_CHANNEL_ROOT}/{channel}"
+    return channels, overrides
+
+
+def client(region: str | None, endpoint_url: str | None = None) -> Any:
+    boto3 = import_sdk("boto3", "sagemaker", "boto3")
+    from botocore.exceptions import NoRegionError
+
+    try:
+        return boto3.client("sagemaker", region_name=region, endpoint_url=endpoint_url)
+    except NoRegionError:
+        raise SkyliftConfigError(
+            "no AWS region: give --region (or set AWS_DEFAULT_REGION)", hint="Example: --region us-east-1"
+        ) from None
+
+
+def _call(operation: Any, **kwargs: Any) -> Any:
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+
+    with vendor_errors("sagemaker", ClientError, BotoCoreError):
+        try:
+            return operation(**kwargs)
+        except (NoCredentialsError, PartialCredentialsError):
+            raise credentials_error("sagemaker", _CREDENTIALS_HINT) from None
+
+
+def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
+    sagemaker = client(options.region, options.sagemaker.endpoint_url)
+    _call(sagemaker.create_training_job, **request.body)
+    return JobRef("sagemaker", sagemaker.meta.region_name, request.body["TrainingJobName"])
+
+
+def status(ref: JobRef, endpoint_url: str | None = None) -> JobStatus:
+    job = _call(client(ref.location, endpoint_url).describe_training_job, TrainingJobName=ref.job_id)
+    detail = f"{job['TrainingJobStatus']} ({job.get('SecondaryStatus', '')})"
+    if job.get("FailureReason"):
+        detail += f": {job['FailureReason']}"
+    return JobStatus(ref, _STATES.get(job["TrainingJobStatus"], "pending"), detail)
+
+
+def stop(ref: JobRef, endpoint_url: str | None = None) -> None:
+    _call(client(ref.location, endpoint_url).stop_training_job, TrainingJobName=ref.job_id)
+
+
+def logs(ref: JobRef, endpoint_url: str | None = None, max_lines: int = 200) -> list[str]:
+    """The last ``max_lines`` lines of each host's CloudWatch stream (``<job>/algo-N-...``).
+
+    ``endpoint_url`` is SageMaker's; CloudWatch Logs takes boto3's own (``AWS_ENDPOINT_URL_CLOUDWATCH_LOGS``).
+    """
+    boto3 = import_sdk("boto3", "sagemaker", "boto3")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    logs_client = boto3.client("logs", region_name=ref.location)
+    with vendor_errors("sagemaker", ClientError, BotoCoreError):
+        try:
+            streams = logs_client.describe_log_streams(logGroupName=_LOG_GROUP, logStreamNamePrefix=ref.job_id + "/")
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                return []  # no training job in this region has logged yet
+            raise
+    lines = []
+    for stream in streams.get("logStreams", []):
+        events = _call(logs_client.get_log_events, logGroupName=_LOG_GROUP, logStreamName=stream["logStreamName"],
+                       limit=max_lines, startFromHead=False)
+        host = stream["logStreamName"].removeprefix(ref.job_id + "/")
+        lines += [f"[{host}] {event['message']}" for event in events.get("events", [])]
+    return lines

@@ -1,0 +1,125 @@
+"""SkyPilot: a task YAML launched as a managed job (``sky jobs launch``).
+
+SkyPilot relaunches a managed job after a preemption (``job_recovery``), on the same
+or another region, and the new nodes run ``skylift run --resume auto`` again, which
+continues from the checkpoint root. SkyPilot sets ``SKYPILOT_NODE_IPS``,
+``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES`` and ``SKYPILOT_NUM_GPUS_PER_NODE``.
+The ``sky`` command line is the interface (``pip install skypilot``); nothing here
+imports SkyPilot, which is a large install.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from skylift.errors import SkyliftConfigError
+from skylift.submit.base import JobRef, JobState, JobStatus, PlatformError, SubmitRequest
+from skylift.config.submit import SubmitConfig
+from skylift.submit.spec import JobSpec
+
+__all__ = ["build", "logs", "send", "status", "stop", "task_yaml"]
+
+EXIT_REQUEUE = 143
+_STATES: dict[str, JobState] = {
+    "PENDING": "pending", "STARTING": "pending", "SUBMITTED": "pending", "RUNNING": "running",
+    "RECOVERING": "running", "CANCELLING": "running", "SUCCEEDED": "succeeded", "CANCELLED": "stopped",
+    "FAILED": "failed", "FAILED_SETUP": "failed", "FAILED_PRECHECKS": "failed", "FAILED_NO_RESOURCE": "failed",
+    "FAILED_CONTROLLER": "failed",
+}
+
+
+def build(job: JobSpec) -> SubmitRequest:
+    options = job.options
+    resources: dict[str, Any] = {
+        "image_id": f"docker:{options.image}",
+        "use_spot": options.spot,
+        "job_recovery": {
+            "strategy": "EAGER_NEXT_REGION",
+            "max_restarts_on_errors": options.skypilot.max_restarts_on_errors,
+            # 143: the job saved and exited after SIGTERM; relaunch it.
+            "recover_on_exit_codes": [EXIT_REQUEUE],
+        },
+    }
+    if options.instance_type:
+        key = "accelerators" if _is_accelerator(options.instance_type) else "instance_type"
+        resources[key] = options.instance_type
+    if options.skypilot.infra:
+        resources["infra"] = options.skypilot.infra
+    elif options.region:
+        raise SkyliftConfigError(
+            "SkyPilot takes the region inside submit.skypilot.infra, not --region",
+            hint=f"Use: --set submit.skypilot.infra=aws/{options.region}",
+        )
+    if options.skypilot.disk_size_gib:
+        resources["disk_size"] = options.skypilot.disk_size_gib
+    task = {
+        "name": job.name,
+        "num_nodes": options.instance_count,
+        "resources": resources,
+        "envs": {"SKYLIFT_PLATFORM": "skypilot", **job.envs},
+        # The image holds everything; setup only proves it can start skylift.
+        "setup": "skylift --version",
+        "run": job.shell_command(),
+    }
+    return SubmitRequest("skypilot", "sky jobs launch", "SkyPilot API server (sky jobs)", task)
+
+
+def _is_accelerator(name: str) -> bool:
+    # "A100:8", "H100": accelerators; "p4d.24xlarge", "n1-standard-8": instance types.
+    return ":" in name or not any(mark in name for mark in ".-_")
+
+
+def task_yaml(request: SubmitRequest) -> str:
+    return yaml.safe_dump(request.body, sort_keys=False)
+
+
+def _sky() -> str:
+    executable = shutil.which("sky")
+    if executable is None:
+        raise SkyliftConfigError(
+            "the SkyPilot command line `sky` is not installed",
+            hint="Install it with: pip install 'skypilot[aws]'   (or [gcp], [kubernetes]...), then: sky check",
+        )
+    return executable
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run([_sky(), *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise PlatformError(
+            f"SkyPilot: `sky {' '.join(args)}` failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}\n"
+            "Check SkyPilot's setup with: sky check"
+        )
+    return done.stdout
+
+
+def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
+    with tempfile.TemporaryDirectory(prefix="skylift-sky-") as folder:
+        path = Path(folder) / "task.yaml"
+        path.write_text(task_yaml(request))
+        _run("jobs", "launch", "--yes", "--detach-run", "--name", request.body["name"], str(path))
+    return JobRef("skypilot", "jobs", request.body["name"])
+
+
+def status(ref: JobRef, endpoint: str | None = None) -> JobStatus:
+    for line in _run("jobs", "queue").splitlines():
+        words = line.split()
+        if ref.job_id in words:
+            known = [word for word in words if word in _STATES]
+            if known:
+                return JobStatus(ref, _STATES[known[-1]], known[-1])
+    return JobStatus(ref, "pending", "not in `sky jobs queue` yet")
+
+
+def stop(ref: JobRef, endpoint: str | None = None) -> None:
+    _run("jobs", "cancel", "--yes", "--name", ref.job_id)
+
+
+def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list[str]:
+    return _run("jobs", "logs", "--no-follow", "--name", ref.job_id).splitlines()[-max_lines:]

@@ -1,0 +1,168 @@
+"""The platform-neutral job: what every platform's request is built from.
+
+A :class:`JobSpec` is made once from the run config and the submit options; each
+platform module turns it into its own request. Every platform runs the same command
+in the image, ``skylift run CONFIG --resume auto`` plus ``--set`` overrides that point
+the checkpoint root and the data at what that platform mounts or syncs, so a
+preempted or restarted job resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from skylift.errors import SkyliftConfigError
+from skylift.config.submit import SubmitConfig
+
+__all__ = [
+    "JobSpec",
+    "job_spec_from",
+    "load_run_and_submit",
+    "object_store_url",
+    "parse_store_url",
+    "parse_submit",
+    "with_flags",
+]
+
+_SHUTDOWN_MARGIN_S = 10.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to submit. ``run_overrides`` are the user's ``--set`` for ``skylift run``."""
+
+    name: str
+    config_path: str
+    options: SubmitConfig
+    checkpoint_root: str
+    data_url: str | None = None
+    val_url: str | None = None
+    run_overrides: tuple[str, ...] = ()
+    attempt: int = 0
+    """0 for the first submission, then 1, 2... for each resubmission after a reclaim."""
+    grace_s: float | None = None
+    """The config's ``preemption.grace_s``; ``None`` lets the platform's window decide."""
+
+    @property
+    def envs(self) -> dict[str, str]:
+        return dict(self.options.envs)
+
+    def command(self, overrides: dict[str, str] | None = None) -> list[str]:
+        """``skylift run`` argv for inside the image; ``overrides`` are the platform's own."""
+        argv = ["skylift", "run", self.config_path, "--resume", "auto"]
+        # The root is always explicit: resuming depends on it, whatever the image's copy says.
+        overrides = {"checkpoint.root": self.checkpoint_root, **(overrides or {})}
+        for item in self.run_overrides:
+            if item.partition("=")[0].strip() not in overrides:  # the platform's value replaces it
+                argv += ["--set", item]
+        for key, value in overrides.items():
+            argv += ["--set", f"{key}={value}"]
+        return argv
+
+    def grace_overrides(self, kill_after_s: float) -> dict[str, str]:
+        """Workers' save window inside a platform that kills ``kill_after_s`` after SIGTERM.
+
+        Ten seconds stay for torchrun to stop; the config's own ``grace_s`` wins.
+        """
+        if self.grace_s is not None:
+            return {}
+        return {"preemption.grace_s": f"{max(5.0, kill_after_s - _SHUTDOWN_MARGIN_S):g}"}
+
+    def shell_command(self, overrides: dict[str, str] | None = None) -> str:
+        return shlex.join(self.command(overrides))
+
+    def resubmitted(self, attempt: int) -> JobSpec:
+        """The same job under a new name (platforms keep names unique), same checkpoint root."""
+        base = re.sub(r"-r\d+$", "", self.name)
+        return replace(self, name=_clip(f"{base}-r{attempt}"), attempt=attempt)
+
+
+def load_run_and_submit(path: str, overrides: list[str]):  # noqa: ANN201 - (RunConfig, SubmitConfig)
+    """The run config and its ``submit`` section, from the YAML and ``--set`` overrides."""
+    from skylift.config.load import load_config
+
+    config = load_config(path, overrides)
+    return config, config.submit
+
+
+def parse_submit(raw: dict[str, Any], source: str) -> SubmitConfig:
+    try:
+        return SubmitConfig.model_validate(raw)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            dotted = ".".join(["submit", *(str(part) for part in item["loc"])])
+            message = str(item["msg"]).removeprefix("Value error, ")
+            problems.append(f"{dotted}: {message}" if item["loc"] else message)
+        raise SkyliftConfigError(problems, hint=f"Fix {source} or the --set submit.* flags") from None
+
+
+def with_flags(options: SubmitConfig, **flags: Any) -> SubmitConfig:
+    """``options`` with each flag that was given (not ``None``) replacing its field, validated."""
+    given = {name: value for name, value in flags.items() if value is not None}
+    return parse_submit({**options.model_dump(exclude_unset=True), **given}, source="the command line")
+
+
+def job_spec_from(config: Any, options: SubmitConfig, config_path: str, run_overrides: list[str],
+                  now: datetime | None = None) -> JobSpec:
+    """Check what every platform needs and make the job."""
+    if not options.image:
+        raise SkyliftConfigError(
+            "no container image: give --image URI (or submit.image)",
+            hint="Build one with: skylift dockerfile CONFIG, then push it and pass --image",
+        )
+    root = config.checkpoint.root
+    if not config.checkpoint.enabled or not root or "://" not in root or root.startswith("file://"):
+        raise SkyliftConfigError(
+            f"checkpoint.root is {root!r}: a job on rented machines must checkpoint to an object store, "
+            "or a reclaimed job cannot resume",
+            hint=f"Set it, e.g.: skylift submit {config_path} --set checkpoint.root=s3://BUCKET/PREFIX ...",
+        )
+    prefix = options.name or f"skylift-{Path(str(config.run_dir)).name}"
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return JobSpec(
+        name=_clip(f"{prefix}-{stamp}"),
+        config_path=config_path,
+        options=options,
+        checkpoint_root=root.rstrip("/"),
+        data_url=config.data.url,
+        val_url=config.data.val_url,
+        run_overrides=tuple(run_overrides),
+        grace_s=config.preemption.grace_s,
+    )
+
+
+def parse_store_url(url: str) -> tuple[str, str, str]:
+    """``scheme://bucket/key`` -> (scheme, bucket, key without slashes at the ends)."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    return scheme, bucket, key.strip("/")
+
+
+def object_store_url(url: str | None, schemes: tuple[str, ...], field_name: str, platform: str) -> str | None:
+    """``url`` if it is on one of ``schemes`` (the platform's store), else a clear error."""
+    if url is None:
+        return None
+    scheme, bucket, _ = parse_store_url(url)
+    if scheme not in schemes or not bucket:
+        wanted = " or ".join(f"{item}://BUCKET/PREFIX" for item in schemes)
+        raise SkyliftConfigError(
+            f"{field_name} is {url!r}; {platform} reads it from its own object store: {wanted}",
+            hint=f"Copy the data there, then: --set {field_name}={schemes[0]}://BUCKET/PREFIX",
+        )
+    return url
+
+
+def _clip(name: str) -> str:
+    """A name every platform accepts: letters, digits and dashes, at most 63 characters."""
+    cleaned = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-").lower()
+    if len(cleaned) > 63:
+        cleaned = cleaned[:47].rstrip("-") + "-" + cleaned[-15:]
+    return cleaned

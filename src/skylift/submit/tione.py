@@ -1,0 +1,145 @@
+"""Tencent Cloud TI-ONE: ``CreateTrainingTask`` (``TrainingMode: DDP``) through the
+official ``tencentcloud-sdk-python-tione`` SDK (extra ``tione``).
+
+Data comes from COS through ``DataConfigs`` (mapped under ``/opt/ml/input/data``);
+checkpoints go to the COS root itself through skylift's S3-compatible store. TI-ONE
+sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` (nodes), ``RANK`` and
+``GPU_NUM_PER_NODE`` on each node (https://cloud.tencent.com/document/product/851/103087).
+No public document says a reclaimed ``SPOT`` task is restarted, so ``--watch``
+resubmits one that failed for that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from skylift.errors import SkyliftConfigError
+from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
+from skylift.submit.redact import is_secret_name
+from skylift.config.submit import SubmitConfig
+from skylift.submit.spec import JobSpec, object_store_url, parse_store_url
+
+__all__ = ["build", "logs", "send", "status", "stop"]
+
+_DATA_ROOT = "/opt/ml/input/data"
+_RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|竞价|回收", re.I)
+_STATES: dict[str, JobState] = {
+    "SUBMITTING": "pending", "STARTING": "pending", "RUNNING": "running", "STOPPING": "running",
+    "STOPPED": "stopped", "FAILED": "failed", "SUCCEED": "succeeded", "SUBMIT_FAILED": "failed",
+}
+_CREDENTIALS_HINT = (
+    "Set Tencent Cloud credentials the Tencent Cloud way: TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY, "
+    "or `tccli configure` (~/.tencentcloud/credentials), or a CVM/TKE role, then retry"
+)
+
+
+def build(job: JobSpec) -> SubmitRequest:
+    options = job.options
+    if not options.instance_type and options.tione.charge_type == "POSTPAID_BY_HOUR":
+        raise SkyliftConfigError("TI-ONE needs --instance (a billing spec), e.g. --instance TI.GN7.2XLARGE32.POST")
+    if not options.region:
+        raise SkyliftConfigError("TI-ONE needs --region, e.g. --region ap-guangzhou")
+    checkpoint_uri = object_store_url(job.checkpoint_root, ("cos",), "checkpoint.root", "TI-ONE")
+    data_configs, overrides = _data_configs(job)
+    envs = {"SKYLIFT_PLATFORM": "tione", "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
+            **job.envs}
+    _, bucket, key = parse_store_url(checkpoint_uri)
+    body: dict[str, Any] = {
+        "Name": job.name,
+        "ChargeType": options.tione.charge_type,
+        "ResourceConfigInfos": [{"Role": "WORKER", "InstanceType": options.instance_type,
+                                 "InstanceNum": options.instance_count}],
+        "ImageInfo": {"ImageType": options.tione.image_type, "ImageUrl": options.image},
+        "StartCmdInfo": {"StartCmd": job.shell_command(overrides)},
+        "TrainingMode": "DDP",
+        "Output": {"Bucket": bucket, "Region": options.region, "Paths": [f"{key}-output/"]},
+        "Envs": [{"Name": name, "Value": value, "IsPrivate": is_secret_name(name)} for name, value in envs.items()],
+        "LogEnable": True,
+    }
+    if data_configs:
+        body["DataConfigs"] = data_configs
+    if options.spot:
+        body["ResourceSupplyAttribute"] = {"SupplyType": "SPOT"}
+    if options.tione.project_id:
+        body["TiProjectId"] = options.tione.project_id
+    if options.tione.resource_group_id:
+        body["ResourceGroupId"] = options.tione.resource_group_id
+    target = options.tione.endpoint or f"tione.tencentcloudapi.com {options.region}"
+    return SubmitRequest("tione", "CreateTrainingTask", target, body)
+
+
+def _data_configs(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    configs, overrides = [], {}
+    for channel, field_name, url in (("train", "data.url", job.data_url), ("validation", "data.val_url", job.val_url)):
+        if url is None:
+            continue
+        _, bucket, key = parse_store_url(object_store_url(url, ("cos",), field_name, "TI-ONE"))
+        configs.append({
+            "MappingPath": f"{_DATA_ROOT}/{channel}",
+            "DataSourceType": "COS",
+            "COSSource": {"Bucket": bucket, "Region": job.options.region, "Paths": [key + "/"]},
+        })
+        overrides[field_name] = f"{_DATA_ROOT}/{channel}"
+    return configs, overrides
+
+
+def client(region: str | None, endpoint: str | None = None) -> Any:
+    tione = import_sdk("tencentcloud.tione.v20211111.tione_client", "tione", "tencentcloud-sdk-python-tione")
+    from tencentcloud.common.credential import DefaultCredentialProvider
+    from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
+    from tencentcloud.common.profile.client_profile import ClientProfile
+    from tencentcloud.common.profile.http_profile import HttpProfile
+
+    if not region:
+        raise SkyliftConfigError("TI-ONE needs --region, e.g. --region ap-guangzhou")
+    try:
+        credential = DefaultCredentialProvider().get_credentials()  # env, profile file, role
+    except TencentCloudSDKException:
+        raise credentials_error("tione", _CREDENTIALS_HINT) from None
+    http_profile = HttpProfile()
+    if endpoint:
+        scheme, sep, host = endpoint.partition("://")
+        # The constructor, not attributes: it derives the scheme from the protocol once.
+        http_profile = HttpProfile(protocol=scheme, endpoint=host) if sep else HttpProfile(endpoint=endpoint)
+    client = tione.TioneClient(credential, region, ClientProfile(httpProfile=http_profile))
+    return guarded(client, "tione", TencentCloudSDKException)
+
+
+def _request(name: str, body: dict[str, Any]) -> Any:
+    from tencentcloud.tione.v20211111 import models
+
+    request = getattr(models, name)()
+    request.from_json_string(json.dumps(body))
+    return request
+
+
+def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
+    answer = client(options.region, options.tione.endpoint).CreateTrainingTask(
+        _request("CreateTrainingTaskRequest", request.body))
+    return JobRef("tione", options.region or "", answer.Id)
+
+
+def status(ref: JobRef, endpoint: str | None = None) -> JobStatus:
+    detail = client(ref.location, endpoint).DescribeTrainingTask(
+        _request("DescribeTrainingTaskRequest", {"Id": ref.job_id})).TrainingTaskDetail
+    reason = " ".join(part for part in (detail.FailureReason, detail.Message) if part)
+    state = _STATES.get(detail.Status or "", "pending")
+    preempted = state == "failed" and bool(_RECLAIM_WORDS.search(reason))
+    text = f"{detail.Status}: {reason}" if reason else str(detail.Status)
+    return JobStatus(ref, state, text, preempted)
+
+
+def stop(ref: JobRef, endpoint: str | None = None) -> None:
+    client(ref.location, endpoint).StopTrainingTask(_request("StopTrainingTaskRequest", {"Id": ref.job_id}))
+
+
+def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list[str]:
+    end = datetime.now(timezone.utc)
+    query = {"Service": "TRAIN", "ServiceId": ref.job_id, "Limit": max_lines,
+             "StartTime": (end - timedelta(days=1)).isoformat(timespec="seconds"),
+             "EndTime": end.isoformat(timespec="seconds")}
+    answer = client(ref.location, endpoint).DescribeLogs(_request("DescribeLogsRequest", query))
+    return [f"[{entry.PodName}] {entry.Message}" for entry in answer.Content or []]

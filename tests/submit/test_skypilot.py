@@ -1,0 +1,58 @@
+"""SkyPilot task YAML against SkyPilot's task and resources schema (the part skylift
+writes, vendored as test data); SkyPilot itself is a 460 MB install."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from skylift.submit import skypilot
+from tests.submit.conftest import make_job
+
+SCHEMA = json.loads((Path(__file__).parent / "data" / "skypilot_task_schema.json").read_text())
+
+
+def _validate(task: dict) -> None:
+    import jsonschema
+
+    jsonschema.Draft202012Validator(SCHEMA).validate(task)
+
+
+def test_the_task_yaml_matches_the_schema_and_asks_for_a_recoverable_spot_job():
+    options = {"skypilot": {"infra": "aws/us-east-1", "disk_size_gib": 200}}
+    request = skypilot.build(make_job("skypilot", submit=options))
+    task = yaml.safe_load(skypilot.task_yaml(request))
+    _validate(task)
+    assert task["num_nodes"] == 2
+    resources = task["resources"]
+    assert resources["accelerators"] == "A100:8"
+    assert resources["use_spot"] is True
+    assert resources["image_id"] == "docker:registry.example.com/team/skylift:1.0"
+    assert resources["job_recovery"]["recover_on_exit_codes"] == [143]
+    assert task["run"].startswith("skylift run examples/quickstart.yaml --resume auto")
+    assert "checkpoint.root=s3://bucket-1250000000/runs/quick" in task["run"]
+
+
+def test_an_instance_type_goes_to_instance_type():
+    task = skypilot.build(make_job("skypilot", submit={"instance_type": "p4d.24xlarge"})).body
+    _validate(task)
+    assert task["resources"]["instance_type"] == "p4d.24xlarge" and "accelerators" not in task["resources"]
+
+
+def test_the_schema_rejects_a_misspelled_key():
+    import jsonschema
+
+    task = skypilot.build(make_job("skypilot")).body
+    task["resources"]["use_spott"] = True
+    with pytest.raises(jsonschema.ValidationError, match="use_spott"):
+        _validate(task)
+
+
+def test_region_outside_infra_is_refused_with_the_fix():
+    from skylift.errors import SkyliftConfigError
+
+    with pytest.raises(SkyliftConfigError, match="submit.skypilot.infra=aws/us-west-2"):
+        skypilot.build(make_job("skypilot", submit={"region": "us-west-2"}))

@@ -6,7 +6,15 @@ the field and the fix; internal invariants use ``assert``.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_CONFIG_ERROR", "EXIT_FAILURE", "EXIT_OK", "EXIT_REQUEUE", "SkyliftConfigError", "SkyliftError"]
+__all__ = [
+    "EXIT_CONFIG_ERROR",
+    "EXIT_FAILURE",
+    "EXIT_GUARD",
+    "EXIT_OK",
+    "EXIT_REQUEUE",
+    "SkyliftConfigError",
+    "SkyliftError",
+]
 
 EXIT_OK = 0
 """The run finished."""
@@ -31,6 +39,11 @@ class SkyliftConfigError(SkyliftError, ValueError):
         if hint:
             text += f"\n{hint}"
         super().__init__(text)
+
+EXIT_GUARD = 3
+"""Stopped by a guard (``monitor.guards``: the budget, an idle GPU, a stall): the state is
+saved where a step boundary allowed; raise or remove the limit to resume. Below 128, so
+schedulers that retry 128-255 (Kubeflow's ``restartPolicy: ExitCode``) do not retry it."""
 
 EXIT_REQUEUE = 143
 """Preempted (spot notice or SIGTERM): the state is saved as far as the notice window

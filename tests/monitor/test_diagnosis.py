@@ -31,7 +31,9 @@ class _SlowSamples(Dataset):
 class _SlowRecipe(ImageClassification):
     def build_datasets(self):
         split = super().build_datasets()
-        return dataclasses.replace(split, train=_SlowSamples(split.train, delay_s=0.002))
+        # 5 ms a sample, 320 ms a step of 64: far above the step's compute (~15 ms on 2 cores),
+        # so the run stays input-bound when other processes slow the compute several times.
+        return dataclasses.replace(split, train=_SlowSamples(split.train, delay_s=0.005))
 
 
 def _diagnosis(run_dir):
@@ -43,7 +45,7 @@ def _diagnosis(run_dir):
 
 
 def test_slow_loader_is_input_bound_with_loader_advice(tmp_path):
-    config = monitored_config(tmp_path, "schedule.max_steps=12", "precision=fp32")
+    config = monitored_config(tmp_path, "schedule.max_steps=8", "precision=fp32")
     Trainer(config, recipe=_SlowRecipe(config)).fit()
     diagnosis = _diagnosis(tmp_path)
     assert diagnosis["bound"] == "input"

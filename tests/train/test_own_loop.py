@@ -138,7 +138,7 @@ def _train_so_far(run_dir) -> list[dict]:
     return out
 
 
-def test_a_runtime_run_folder_renders_a_report(reference):
+def test_a_runtime_run_folder_renders_a_report_and_the_live_view(reference):
     result = subprocess.run([sys.executable, "-m", "skylift", "report", str(reference), "--json"], cwd=REPO_ROOT,
                             env=_environment(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -146,3 +146,7 @@ def test_a_runtime_run_folder_renders_a_report(reference):
     train = records(reference, "train")
     assert any("breakdown_s" in record for record in train) and all("mfu" in record for record in train)
     assert records(reference, "run_end") and records(reference, "diagnosis")
+    live = subprocess.run([sys.executable, "-m", "skylift", "monitor", str(reference), "--once"], cwd=REPO_ROOT,
+                          env={**_environment(), "COLUMNS": "120"}, capture_output=True, text=True, timeout=120)
+    assert live.returncode == 0, live.stderr[-2000:]
+    assert f"{STEPS} / {STEPS}" in live.stdout and "finished" in live.stdout

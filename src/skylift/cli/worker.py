@@ -32,9 +32,7 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
         print(f"skylift run: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if trainer.runtime.dist.is_main:
-        from skylift.monitor.report import write_run_report
-
-        report = write_run_report(config)
+        report = trainer.report
         if as_json:
             print(json.dumps({**summary.as_dict(), **_report_fields(report)}, indent=2))
         else:
@@ -43,6 +41,13 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
         return 0
     from skylift.train.agreement import StopReason
 
+    if summary.stopped_early == StopReason.NAMES[StopReason.GUARD]:
+        from skylift.errors import EXIT_GUARD
+
+        if trainer.runtime.dist.is_main:
+            print(f"skylift: stopped by a guard at step {summary.steps} (see the guard record in metrics.jsonl); "
+                  "raise the limit in monitor.guards, then run the same command to resume", file=sys.stderr)
+        return EXIT_GUARD
     if summary.stopped_early == StopReason.NAMES[StopReason.PREEMPTED]:
         if trainer.runtime.dist.is_main:
             print(f"skylift: preempted at step {summary.steps}; run the same command again to resume", file=sys.stderr)

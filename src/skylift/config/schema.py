@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
+from skylift.config.section import Section as _Section
 from skylift.config.submit import SubmitConfig
 
 __all__ = [
@@ -20,9 +22,11 @@ __all__ = [
     "AccumulationConfig",
     "ActivationCheckpointingConfig",
     "CheckpointConfig",
+    "CloudWatchConfig",
     "CompileConfig",
     "DataConfig",
     "DistributedConfig",
+    "GuardsConfig",
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
@@ -49,15 +53,6 @@ def _torchvision_classifiers() -> list[str]:
     import torchvision.models
 
     return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        use_attribute_docstrings=True,
-        validate_assignment=True,
-        frozen=False,
-    )
 
 
 class RecipeConfig(_Section):
@@ -393,49 +388,6 @@ class PreemptionConfig(_Section):
     """Seconds the launcher gives workers to save after SIGTERM before killing them, and
     the window assumed for a signal; ``null``: the detected cloud's notice window
     (120 s on AWS, 30 s elsewhere or when unknown)."""
-
-
-class MonitorConfig(_Section):
-    log_every_steps: int = Field(default=10, ge=1)
-    """Flush per-step ``train`` records to ``metrics.jsonl`` and TensorBoard every this
-    many optimizer steps. Losses stay on the device in between, so logging does not
-    add a device synchronisation to every step."""
-
-    tensorboard: bool = True
-    """Write TensorBoard event files to ``RUN_DIR/tensorboard``."""
-
-    progress_bar: bool | Literal["auto"] = "auto"
-    """Rich progress bar on rank 0: ``true``, ``false`` (YAML reads on/off as these), or
-    ``auto``, which shows it when stdout is a terminal."""
-
-    system_interval_s: float = Field(default=1.0, ge=0.0)
-    """Seconds between samples of host (CPU, memory, disk, network) and GPU (NVML:
-    utilization, memory, power, temperature, clocks, PCIe) figures, taken on a
-    background thread by local rank 0 of each node; 0 turns the sampler off."""
-
-    breakdown_every_steps: int = Field(default=10, ge=0)
-    """Measure where the time of every N-th step goes (data wait, host-to-device copy,
-    forward+backward, exposed gradient communication, optimizer, checkpoint stall);
-    0 turns it off. Only measured steps pay for the timing."""
-
-    mfu: bool = True
-    """Count the model's FLOPs once (on the meta device, no compute) and report model
-    FLOPs utilisation against the GPU's data-sheet peak or a measured CPU matmul peak."""
-
-    usd_per_hour: float | None = Field(default=None, ge=0.0)
-    """Price of all the run's machines together per hour; turns on the cost ledger
-    (dollars spent, per epoch, projected). ``null``: no cost records."""
-
-    on_demand_usd_per_hour: float | None = Field(default=None, ge=0.0)
-    """On-demand price of the same machines, to report what spot capacity saved."""
-
-    report: bool = True
-    """At the end of ``skylift run``, write the HTML report (``RUN_DIR/report/index.html``
-    with PNGs; also ``skylift report RUN_DIR`` at any time)."""
-
-    diagnose: bool = True
-    """At the end of the run, write a ``diagnosis`` record and log what bounds the run
-    (input, compute, communication, checkpoint, memory) with the change that would help."""
 
 
 class RunConfig(_Section):

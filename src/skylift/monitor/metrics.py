@@ -64,7 +64,11 @@ class MetricsLogger(Callback):
         self._interval_started = time.perf_counter()
         self._file: Any = None
         self._tensorboard: Any = None
-        self._lock = threading.Lock()  # the system sampler writes from its own thread
+        # The system sampler writes from its own thread; reentrant, since an observer of
+        # one record may write another (a guard's).
+        self._lock = threading.RLock()
+        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        """Called with every record written here (the guards watch ``cost`` and ``system``)."""
         self._remote: list[dict[str, Any]] = []
         self._flops_per_sample: float | None = None
         self._peak_flops_per_s: float | None = None
@@ -242,6 +246,8 @@ class MetricsLogger(Callback):
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
+        for observer in self.observers:
+            observer(record)
 
     def _scalar(self, tag: str, value: float, step: int) -> None:
         if self._tensorboard is not None:

@@ -245,6 +245,19 @@ class RunEndRecord(_Record):
     stopped_early: str | None
 
 
+class GuardRecord(_Record):
+    kind: Literal["guard"]
+    guard: Literal["budget", "idle_gpu", "stall"]
+    """Which guard of ``monitor.guards`` fired."""
+    step: int = Field(ge=0)
+    message: str
+    """Why, with the figures (dollars spent or projected, minutes idle or stalled)."""
+    stop: bool
+    """Whether the run stopped for it (exit 3) or only warned."""
+    checkpoint_step: int | None = None
+    """With a stop at a step boundary: the checkpoint it committed."""
+
+
 MetricsRecord = (
     RunStartRecord
     | TrainRecord
@@ -256,6 +269,7 @@ MetricsRecord = (
     | DiagnosisRecord
     | EpochRecord
     | AutotuneRecord
+    | GuardRecord
     | RunEndRecord
 )
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Annotated[MetricsRecord, Field(discriminator="kind")])

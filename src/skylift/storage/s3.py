@@ -25,7 +25,7 @@ from skylift.storage.errors import (
 )
 from skylift.storage.retry import RetryPolicy
 
-__all__ = ["S3Store", "endpoint_for"]
+__all__ = ["S3Store", "endpoint_for", "is_transient_aws_error"]
 
 T = TypeVar("T")
 log = logging.getLogger("skylift")
@@ -245,10 +245,9 @@ class S3Store(Store):
             if _is_connection_problem(error):
                 return StorageTransientError(f"{type(error).__name__} talking to {self.endpoint_url or 'S3'}")
             return error
-        code = str(error.response.get("Error", {}).get("Code", ""))
-        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        code, status = _code_and_status(error)
         where = self.describe(key)
-        if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+        if is_transient_aws_error(error):
             return StorageTransientError(f"{code or status} (HTTP {status})")
         if code in ("PreconditionFailed",) or status == 412:
             return StoragePreconditionFailed(f"{where} already exists")
@@ -338,6 +337,21 @@ def _read_body(response: dict[str, Any]) -> bytes:
     if expected is not None and len(body) != int(expected):
         raise StorageTransientError(f"truncated body: {len(body)} of {expected} bytes")
     return body
+
+
+def is_transient_aws_error(error: Exception) -> bool:
+    """Throttling, a 5xx or 429, or a dropped connection: an AWS call worth retrying."""
+    from botocore.exceptions import ClientError
+
+    if not isinstance(error, ClientError):
+        return _is_connection_problem(error)
+    code, status = _code_and_status(error)
+    return code in _TRANSIENT_CODES or status >= 500 or status == 429
+
+
+def _code_and_status(error: Any) -> tuple[str, int]:
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    return code, int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
 def _is_connection_problem(error: Exception) -> bool:

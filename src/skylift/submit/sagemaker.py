@@ -134,7 +134,8 @@ def client(region: str | None, endpoint_url: str | None = None) -> Any:
     from botocore.exceptions import NoRegionError
 
     try:
-        return boto3.client("sagemaker", region_name=region, endpoint_url=endpoint_url)
+        # A session of its own: the process-wide default one caches the credentials it first found.
+        return boto3.session.Session().client("sagemaker", region_name=region, endpoint_url=endpoint_url)
     except NoRegionError:
         raise SkyliftConfigError(
             "no AWS region: give --region (or set AWS_DEFAULT_REGION)", hint="Example: --region us-east-1"
@@ -177,7 +178,7 @@ def logs(ref: JobRef, endpoint_url: str | None = None, max_lines: int = 200) -> 
     boto3 = import_sdk("boto3", "sagemaker", "boto3")
     from botocore.exceptions import BotoCoreError, ClientError
 
-    logs_client = boto3.client("logs", region_name=ref.location)
+    logs_client = boto3.session.Session().client("logs", region_name=ref.location)
     with vendor_errors("sagemaker", ClientError, BotoCoreError):
         try:
             streams = logs_client.describe_log_streams(logGroupName=_LOG_GROUP, logStreamNamePrefix=ref.job_id + "/")

@@ -30,9 +30,12 @@ class StopReason:
 
     NONE = 0
     SAVE_FAILED = 1
-    PREEMPTED = 2
+    GUARD = 2
+    """A guard (budget, idle GPU): save without a notice window, then exit 3."""
+    PREEMPTED = 3
+    """Wins over a guard: its save must fit the notice window."""
 
-    NAMES = {SAVE_FAILED: "checkpoint save failed", PREEMPTED: "preemption notice"}
+    NAMES = {SAVE_FAILED: "checkpoint save failed", GUARD: "guard", PREEMPTED: "preemption notice"}
 
 
 @dataclass(frozen=True)

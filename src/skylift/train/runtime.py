@@ -387,28 +387,30 @@ class Runtime:
     def close(self, exit_code: int | None = None) -> None:
         """Finish the run (with ``from_config``), stop every background thread, and end the
         process: exit code 143 after a preemption (run the same command again to resume),
-        else ``exit_code`` (default 0)."""
-        from skylift.errors import EXIT_FAILURE, EXIT_REQUEUE
+        3 after a guard's stop (``monitor.guards``), else ``exit_code`` (default 0)."""
+        from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_REQUEUE
         from skylift.train.agreement import StopReason
 
         code = exit_code if exit_code is not None else 0
         if self.services is not None:
+            from skylift.monitor.report import write_run_report
+
+            report = None
             try:
                 _, samples_per_s = self.finish()
+                report = write_run_report(self.config) if self.dist.is_main else None  # before exporters close
             finally:
                 self.services.close()
             preempted = self.stopped == StopReason.NAMES[StopReason.PREEMPTED]
             if exit_code is None and self.stopped is not None:
-                code = EXIT_REQUEUE if preempted else EXIT_FAILURE
+                guarded = self.stopped == StopReason.NAMES[StopReason.GUARD]
+                code = EXIT_REQUEUE if preempted else EXIT_GUARD if guarded else EXIT_FAILURE
             if self.dist.is_main:
-                self._say_where_it_ended(samples_per_s, preempted)
+                self._say_where_it_ended(samples_per_s, preempted, report)
         exit_cleanly(code)
 
-    def _say_where_it_ended(self, samples_per_s: float, preempted: bool) -> None:
-        from skylift.monitor.report import write_run_report
-
+    def _say_where_it_ended(self, samples_per_s: float, preempted: bool, report: Any) -> None:
         run_dir = self.services.run_dir.root
-        report = write_run_report(self.config)
         ending = f"stopped at step {self.state.step} ({self.stopped})" if self.stopped else f"{self.state.step} steps"
         print(f"skylift: {ending}, {samples_per_s:,.0f} samples/s; run folder {run_dir}", file=sys.stderr)
         if preempted:

@@ -33,6 +33,7 @@ from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
 from skylift.monitor.breakdown import StepClock
+from skylift.monitor.guards import GuardWatch
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
@@ -77,6 +78,7 @@ class RunServices:
 
     def __init__(self, config: RunConfig, context: DistributedContext, *, device: torch.device, precision: str,
                  ddp_module: Callable[[], Any], micro_steps: int, callbacks: Sequence[Callback] = ()) -> None:
+        _check_exporters(config.monitor.exporters)  # a missing package stops the run before any work
         self.config = config
         self.context = context
         self.run_dir = RunDirectory(config.run_dir)
@@ -102,6 +104,15 @@ class RunServices:
 
             self.checkpointing = Checkpointing(config.checkpoint, run_dir=config.run_dir, context=context,
                                                agreement=self.agreement, control_group=control_group)
+        self.guards = GuardWatch(
+            config.monitor.guards, request_stop=lambda: self.agreement.request_stop(StopReason.GUARD),
+            write_record=self.metrics.write_event if context.is_main else None, run_dir=self.run_dir.root,
+            rank=context.rank,
+        )
+        if context.is_main:
+            self.metrics.observers.append(self.guards.observe)
+        self._control_group = control_group
+        self.exports: Any = None  # the ExportHub on rank 0 with monitor.exporters, from start()
         self.clock = StepClock(
             config.monitor.breakdown_every_steps, device,
             checkpoint_stall_s=self.checkpointing.stall_s if self.checkpointing is not None else lambda: (0.0, 0.0),
@@ -126,6 +137,7 @@ class RunServices:
         """Restore the checkpoint ``checkpoint.resume`` selects into ``objects`` and
         ``state``; then start the run (config written, watchers on, FIT_START)."""
         self.open()
+        self._refuse_past_budget()
         if self.checkpointing is not None:
             self.resumed_from_step = self.checkpointing.resume(objects, state)
         self.start(state)
@@ -140,6 +152,8 @@ class RunServices:
             self.run_dir.create()
             self.run_dir.write_text_atomic(self.run_dir.config_path, dump_config(self.config))
         self.preemption.start()
+        self.guards.start()
+        self._start_exports()
         self.events.fire(Event.FIT_START, state)
         self.clock.end_of_previous_step(state.step + 1)
 
@@ -149,6 +163,7 @@ class RunServices:
         Returns True when the run must stop (a notice, a signal, a failed save with
         ``checkpoint.on_failure: exit``); a preemption's save is done by then.
         """
+        self.guards.step_done(state.step)
         state.extra["breakdown_s"] = self.clock.finish()
         self.clock.end_of_previous_step(state.step + 1)
         if state.loss is not None:
@@ -169,8 +184,44 @@ class RunServices:
             self.metrics.flush(state)
             self.metrics.write_event(self.checkpointing.save_for_preemption(state, decision))
             self.record_saves()
+        elif decision.stop_code == StopReason.GUARD:
+            self._stop_for_guard(state)
         self.events.fire(Event.PREEMPTION_NOTICE, state)
         return True
+
+    def _stop_for_guard(self, state: TrainState) -> None:
+        """A guard stops the run: commit this step (no notice window to fit), say why."""
+        self.metrics.flush(state)
+        committed = None
+        if self.checkpointing is not None:
+            self.checkpointing.manager.wait()
+            self.checkpointing.save(state, blocking=True)
+            self.checkpointing.manager.wait()
+            self.record_saves()
+            last = self.checkpointing.manager.last_committed
+            committed = last.step if last is not None else None
+        finding = self.guards.fired
+        if finding is not None and self.context.is_main:
+            self.metrics.write_event({**finding.record(state.step), "checkpoint_step": committed})
+
+    def _refuse_past_budget(self) -> None:
+        """A resume whose earlier attempts spent the budget does not start (every rank raises)."""
+        from skylift.errors import SkyliftConfigError
+        from skylift.monitor.guards import resume_refusal
+
+        refusal = None
+        if self.context.is_main and self.run_dir.metrics_path.exists():
+            from skylift.monitor.cost import previous_spend_usd
+            from skylift.monitor.schema import read_records
+
+            refusal = resume_refusal(previous_spend_usd(read_records(self.run_dir.metrics_path)),
+                                     self.config.monitor.guards)
+        if self.context.is_distributed:
+            holder = [refusal]
+            dist.broadcast_object_list(holder, src=0, group=self._control_group)
+            refusal = holder[0]
+        if refusal:
+            raise SkyliftConfigError(refusal, hint="Nothing was resumed; the last checkpoint stands.")
 
     def record_saves(self) -> None:
         if self.checkpointing is None:
@@ -197,15 +248,62 @@ class RunServices:
         self.events.fire(Event.FIT_END, state)
         return train_time_s, samples_per_s
 
+    def close_exports(self) -> None:
+        """Send what the exporters still hold and close them (after the report, which some upload)."""
+        exports, self.exports = self.exports, None
+        if exports is not None:
+            exports.close()
+
     def close(self) -> None:
         """Stop every background thread; idempotent, also after a failure."""
         if self._closed:
             return
         self._closed = True
+        self.close_exports()
+        self.guards.stop()
         self.preemption.stop()
         self.monitor.close()
         if self.checkpointing is not None:
             self.checkpointing.close()
+
+
+    def _start_exports(self) -> None:
+        names = self.config.monitor.exporters
+        if not names or not self.context.is_main:
+            return
+        from skylift.monitor.exporters import RunInfo, build_exporter
+        from skylift.monitor.exporters.hub import ExportHub
+
+        run = RunInfo(self.config, run_id=_run_id(self.run_dir.root), resumed=self.resumed_from_step is not None)
+        self.exports = ExportHub([build_exporter(name, self.config) for name in names], run,
+                                 max_queued=self.config.monitor.export_queue_records)
+        self.metrics.observers.append(self.exports.observe)
+
+
+def _check_exporters(names: list[str]) -> None:
+    """Every rank: a named exporter's package is importable (else the pip command, before any work)."""
+    import importlib.util
+
+    from skylift.errors import SkyliftConfigError
+    from skylift.monitor.exporters import EXPORTERS, VENDOR_MODULES
+
+    for name in names:
+        if importlib.util.find_spec(VENDOR_MODULES[name]) is None:
+            raise SkyliftConfigError(f"monitor.exporters: {name} needs the package {VENDOR_MODULES[name]!r}, "
+                                     "which is not installed", hint=f"Install it with: {EXPORTERS[name][1]}")
+
+
+def _run_id(run_dir: Any) -> str:
+    """The run folder's own id, made at its first start: a resumed run continues the same
+    MLflow or W&B run."""
+    import uuid
+
+    path = run_dir / "run_id"
+    if path.exists():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex
+    path.write_text(run_id + "\n")
+    return run_id
 
 
 def _progress_wanted(setting: bool | str) -> bool:

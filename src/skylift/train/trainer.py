@@ -108,6 +108,8 @@ class Trainer:
             services.run_dir, services.events, services.metrics, services.monitor)
         self.agreement, self.preemption, self.checkpointing, self.clock = (
             services.agreement, services.preemption, services.checkpointing, services.clock)
+        self.report: Any = None
+        """The HTML report written at the end (rank 0, ``monitor.report``)."""
         self.tuner: Any = None  # a LoaderTuner with data.num_workers: auto
         self._tuning_recorded = False
 
@@ -136,7 +138,11 @@ class Trainer:
                                                           started_at=started)
         summary = self._summarize(parts, state, train_time_s, resumed_from, samples_per_s)
         if self.runtime.dist.is_main:
+            from skylift.monitor.report import write_run_report
+
             self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
+            # Before the exporters close, which upload it with summary.json.
+            self.report = write_run_report(self.config)
         return summary
 
     def _build(self) -> _Parts:

@@ -77,7 +77,26 @@ class MotoServer:
         boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1").create_bucket(Bucket=name)
 
 
-class FaultyProxy:
+class LoopbackHTTP:
+    """A threading HTTP server on 127.0.0.1 (a free port), served from a daemon thread."""
+
+    def _serve_forever(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class FaultyProxy(LoopbackHTTP):
     """An HTTP proxy on 127.0.0.1 in front of ``upstream_port`` that injects faults.
 
     ``fail(n, status)`` answers the next n requests with an error status (with
@@ -138,15 +157,7 @@ class FaultyProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self._serve_forever(Handler)
 
     def fail(self, count: int, status: int = 503, when: Callable[[str, str], bool] | None = None) -> None:
         self.faults.extend([("status", status, when)] * count)
@@ -166,6 +177,3 @@ class FaultyProxy:
                     return fault
         return None
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

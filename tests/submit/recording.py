@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tests.servers import LoopbackHTTP
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Recorded:
 Responder = Callable[[Recorded], tuple[int, dict]]
 
 
-class RecordingServer:
+class RecordingServer(LoopbackHTTP):
     """``answer`` maps a recorded request to (status, JSON body)."""
 
     def __init__(self, answer: Responder) -> None:
@@ -56,16 +57,8 @@ class RecordingServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve_forever(Handler)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        return self.endpoint_url

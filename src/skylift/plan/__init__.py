@@ -1,0 +1,1 @@
+"""Measure a job here, predict its speed and bill on cloud instances, and rank them."""

@@ -1,0 +1,234 @@
+"""``skylift bench``: a short real run of the user's config here, summarised as a :class:`Measurement`.
+
+The run is ``skylift run`` in a child process (so thread settings and peak memory are
+the run's own), shaped by overrides: a few warm-up steps plus the measured ones, every
+step's time broken down, no periodic checkpoints, and one synchronous checkpoint at the
+end whose write time is the measured save time. Two machine figures the planner needs
+for CPU targets are measured next to it: memory copy bandwidth, and the bandwidth of a
+2-process all-reduce of the model's size.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from skylift.errors import SkyliftConfigError
+from skylift.plan.measurement import BENCH_DIR, Measurement, config_fingerprint, measurement_from_run_dir
+
+__all__ = ["BenchRequest", "measure_allreduce_bytes_per_s", "measure_memory_bandwidth_bytes_per_s", "run_bench"]
+
+WARMUP_STEPS = 3
+"""Steps run before measuring: allocator warm-up, kernel selection, first-step FLOP count."""
+
+
+@dataclass(kw_only=True)
+class BenchRequest:
+    """What to measure."""
+
+    config_path: str
+    overrides: list[str] = field(default_factory=list)
+    steps: int = 20
+    """Measured optimizer steps (warm-up excluded)."""
+    nproc: int = 1
+    """With N > 1, also run N processes and record the 1 → N scaling efficiency."""
+    threads_per_process: int | None = None
+    """``OMP_NUM_THREADS`` of each process; ``None``: the CPUs divided by the processes."""
+    measure_save: bool = True
+    """Write one checkpoint at the end and time it."""
+    output_dir: Path = BENCH_DIR
+
+
+def run_bench(request: BenchRequest) -> tuple[Measurement, Path]:
+    """Measure ``request.config_path`` here; returns the measurement and the JSON path it was saved to.
+
+    Raises:
+        SkyliftConfigError: the config is invalid, or the bench run failed (its output tail is shown).
+    """
+    from skylift.config.load import load_config
+
+    if request.steps < 2 or request.nproc < 1:
+        raise SkyliftConfigError("--steps must be at least 2 and --nproc at least 1", "try: skylift bench CONFIG")
+    resolved = load_config(request.config_path, request.overrides).model_dump(mode="json")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{Path(request.config_path).stem}-{stamp}"
+    measurement = _measure(request, resolved, request.output_dir / f"{name}-np1", nproc=1)
+    if request.nproc > 1:
+        scaled = _measure(request, resolved, request.output_dir / f"{name}-np{request.nproc}", nproc=request.nproc)
+        measurement.scaling = {
+            "nproc": request.nproc,
+            "samples_per_s_1": measurement.samples_per_s,
+            "samples_per_s_n": scaled.samples_per_s,
+            "efficiency": scaled.samples_per_s / (request.nproc * measurement.samples_per_s),
+            "measurement_n": scaled.model_dump(mode="json"),
+        }
+    path = measurement.save(request.output_dir / f"{name}.json")
+    return measurement, path
+
+
+def _measure(request: BenchRequest, resolved: dict, run_dir: Path, *, nproc: int) -> Measurement:
+    cpu_count = os.cpu_count() or 1
+    threads = request.threads_per_process or max(1, cpu_count // nproc)
+    command = [sys.executable, "-m", "skylift", "run", request.config_path, "--no-doctor", "--json"]
+    if nproc > 1:
+        command += ["--nproc", str(nproc)]
+    for override in [*request.overrides, *_bench_overrides(request, resolved, run_dir)]:
+        command += ["--set", override]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    load_before = _cpu_seconds()
+    peak_rss = _run_watching_memory(command, env)
+    extra = {
+        "threads_per_process": threads,
+        "other_load_share": _other_load_share(load_before, _cpu_seconds(), cpu_count),
+        "peak_host_memory_bytes": peak_rss,
+        "baseline_host_memory_bytes": _baseline_rss(env),
+    }
+    measurement = measurement_from_run_dir(run_dir, config_path=request.config_path, warmup_steps=WARMUP_STEPS, **extra)
+    measurement.config_fingerprint = config_fingerprint(resolved)
+    if measurement.device == "cpu":
+        measurement.host_memory_bandwidth_bytes_per_s = measure_memory_bandwidth_bytes_per_s()
+        if measurement.model_bytes:
+            measurement.allreduce_bytes_per_s = measure_allreduce_bytes_per_s(measurement.model_bytes)
+    measurement.notes.append("memory traffic per sample: not measured (no trace of memory operations)")
+    return measurement
+
+
+def _bench_overrides(request: BenchRequest, resolved: dict, run_dir: Path) -> list[str]:
+    total_steps = WARMUP_STEPS + request.steps
+    warmup = min(int(resolved["schedule"]["warmup_steps"]), total_steps)
+    save = "true" if request.measure_save else "false"
+    return [
+        f"run_dir={run_dir}",
+        f"schedule.max_steps={total_steps}",
+        f"schedule.warmup_steps={warmup}",
+        f"checkpoint.enabled={save}",
+        "checkpoint.every_minutes=null",
+        "checkpoint.every_steps=null",
+        "checkpoint.async_save=false",  # the write time is then the whole save
+        f"checkpoint.save_at_end={save}",
+        "checkpoint.resume=never",
+        "checkpoint.save_final_model=true",  # its header gives the model's bytes
+        "monitor.breakdown_every_steps=1",
+        "monitor.report=false",
+        "monitor.tensorboard=false",
+        "monitor.progress_bar=false",
+        "monitor.diagnose=false",
+    ]
+
+
+def _run_watching_memory(command: list[str], env: dict[str, str]) -> int | None:
+    """Run ``command``; return the largest resident set of any process in its tree."""
+    import psutil
+
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        root = psutil.Process(process.pid)
+        while not done.wait(0.2):
+            try:
+                tree = [root, *root.children(recursive=True)]
+                peak[0] = max([peak[0], *(member.memory_info().rss for member in tree)])
+            except psutil.Error:
+                continue
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    output, _ = process.communicate()
+    done.set()
+    watcher.join(1.0)
+    if process.returncode != 0:
+        tail = "\n".join(output.splitlines()[-15:])
+        raise SkyliftConfigError(f"the bench run failed (exit {process.returncode}):\n{tail}",
+                                 f"run it yourself to see why: {' '.join(command[2:])}")  # fmt: skip
+    return peak[0] or None
+
+
+def _cpu_seconds() -> tuple[float, float, float]:
+    """(wall s, busy CPU s of the whole machine, CPU s of this process and its waited-for children)."""
+    import psutil
+
+    machine = psutil.cpu_times()
+    busy_s = sum(getattr(machine, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    own = os.times()
+    return time.monotonic(), busy_s, own.user + own.system + own.children_user + own.children_system
+
+
+def _other_load_share(before: tuple[float, float, float], after: tuple[float, float, float], cpus: int) -> float:
+    """Share of the machine's CPUs other processes used during the bench run (0: it ran alone)."""
+    wall_s = after[0] - before[0]
+    others_s = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, others_s) / (wall_s * cpus) if wall_s > 0 else 0.0
+
+
+def _baseline_rss(env: dict[str, str]) -> int | None:
+    code = "import resource, torch, skylift.train.trainer; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    return int(result.stdout.strip()) * 1024 if result.returncode == 0 else None  # ru_maxrss is KiB on Linux
+
+
+def measure_memory_bandwidth_bytes_per_s(size_bytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Best copy rate of a ``size_bytes`` buffer (read + write counted), bytes/s."""
+    import torch
+
+    source = torch.ones(size_bytes // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)  # first touch pays for page faults
+    best_s = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        target.copy_(source)
+        best_s = min(best_s, time.perf_counter() - started)
+    return 2 * size_bytes / best_s
+
+
+def measure_allreduce_bytes_per_s(num_bytes: int, repeats: int = 5) -> float | None:
+    """Bus bandwidth of a 2-process gloo all-reduce of ``num_bytes`` here, bytes/s.
+
+    Bus bandwidth is the ring's convention: ``2 (n - 1) / n * bytes / seconds``, which for
+    two processes is ``bytes / seconds``; the planner divides the same way. The two
+    processes start from a fresh interpreter, so any caller (a script on stdin too) works.
+    """
+    code = f"from skylift.plan.bench import _allreduce_seconds; print(_allreduce_seconds({num_bytes}, {repeats}))"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    try:
+        seconds = float(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+    return num_bytes / seconds if seconds > 0 else None
+
+
+def _allreduce_seconds(num_bytes: int, repeats: int) -> float:
+    from torch import multiprocessing
+
+    with tempfile.TemporaryDirectory() as folder:
+        results = multiprocessing.get_context("spawn").Manager().dict()
+        multiprocessing.spawn(_allreduce_worker, args=(folder, num_bytes, repeats, results), nprocs=2, join=True)
+        return float(results.get(0, 0.0))
+
+
+def _allreduce_worker(rank: int, folder: str, num_bytes: int, repeats: int, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(folder, "store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    tensor = torch.ones(max(1, num_bytes // 4))
+    dist.all_reduce(tensor)  # connection set-up
+    best_s = float("inf")
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(tensor)
+        best_s = min(best_s, time.perf_counter() - started)
+    results[rank] = best_s
+    dist.destroy_process_group()

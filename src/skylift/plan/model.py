@@ -1,0 +1,207 @@
+"""The step-time model: a measured step, re-timed on a machine one does not have.
+
+The measured step is split into parts that scale with different resources::
+
+    step = compute            forward_backward x samples ratio x (peak here / peak there)
+         + memory-bound       optimizer x (memory bandwidth here / there)
+         + input pipeline     (data_wait + host_to_device) x samples ratio [x vCPU ratio with workers]
+         + communication      ring all-reduce of the model's bytes: NVLink/PCIe inside a node,
+                              the network between nodes
+         + other              as measured (Python overhead of the loop)
+
+Compute keeps the efficiency measured here (the measured fraction of peak) unless an
+efficiency is given: a CPU's efficiency says little about a GPU's, and the plan says so.
+Every figure the model takes that is not measured is returned as an assumption.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from skylift.monitor.flops import gpu_spec, precision_class
+from skylift.plan.measurement import Measurement
+
+__all__ = ["MEMORY_HEADROOM", "OPTIMIZER_STATE_COPIES", "StepPrediction", "Target", "predict_step"]
+
+OPTIMIZER_STATE_COPIES = 4
+"""fp32 copies of the weights a GPU holds for training with Adam: weights, gradients and two moments."""
+
+MEMORY_HEADROOM = 0.9
+"""Share of a GPU's memory the plan lets the job use (the CUDA context and fragmentation take the rest)."""
+
+
+@dataclass(kw_only=True)
+class Target:
+    """A machine to predict: ``nodes`` x ``ranks_per_node`` training processes."""
+
+    name: str
+    device: str
+    """``cuda`` or ``cpu``."""
+    nodes: int = 1
+    ranks_per_node: int = 1
+    peak_flops_per_s: float
+    """One rank's dense peak at the target precision."""
+    memory_bandwidth_bytes_per_s: float | None
+    """One rank's memory bandwidth (``None``: unknown; memory-bound work is then kept as measured)."""
+    vcpus_per_rank: float
+    intra_node_bus_bytes_per_s: float | None = None
+    """All-reduce bus bandwidth between the ranks of a node (``None`` with one rank per node)."""
+    inter_node_bus_bytes_per_s: float | None = None
+    """All-reduce bus bandwidth between nodes."""
+    device_memory_bytes: float | None = None
+    """Memory of one GPU (``None``: not checked, e.g. this machine's CPU)."""
+    efficiency: float | None = None
+    """Fraction of peak the compute reaches; ``None``: the efficiency measured here."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(kw_only=True)
+class StepPrediction:
+    """One target's predicted step, or why it cannot run the job."""
+
+    step_time_s: float | None
+    samples_per_s: float | None
+    parts_s: dict[str, float] = field(default_factory=dict)
+    accumulation_steps: int = 1
+    micro_batch_size: int | None = None
+    memory_needed_bytes: float | None = None
+    dropped: str | None = None
+    """Why the target cannot run the job (does not fit, batch does not divide); else None."""
+    assumptions: list[str] = field(default_factory=list)
+
+
+def predict_step(measurement: Measurement, target: Target, global_batch_size: int | None = None) -> StepPrediction:
+    """Predict one optimizer step of the measured job on ``target``.
+
+    Args:
+        global_batch_size: the job's global batch (default: the measured one). Work per
+            sample scales with the samples each rank gets; per-step work (optimizer,
+            all-reduce, loop overhead) does not.
+    """
+    m = measurement
+    batch = global_batch_size or m.global_batch_size
+    if batch % target.world_size:
+        return StepPrediction(step_time_s=None, samples_per_s=None,
+                              dropped=f"global batch {batch} does not divide by {target.world_size} ranks")  # fmt: skip
+    assumptions: list[str] = []
+    samples_ratio = (batch / target.world_size) / (m.global_batch_size / m.world_size)
+    parts = {
+        "compute": _compute_s(m, target, samples_ratio, batch, assumptions),
+        "memory_bound": _memory_bound_s(m, target, assumptions),
+        "input": _input_s(m, target, samples_ratio, assumptions),
+        "communication": _communication_s(m, target, assumptions),
+        "other": m.breakdown_s.get("other", 0.0) + m.breakdown_s.get("checkpoint", 0.0),
+    }
+    fit = _fit(m, target, batch, assumptions)
+    if isinstance(fit, str):
+        return StepPrediction(step_time_s=None, samples_per_s=None, parts_s=parts, dropped=fit, assumptions=assumptions)
+    accumulation, micro, needed = fit
+    step_s = sum(parts.values())
+    return StepPrediction(step_time_s=step_s, samples_per_s=batch / step_s, parts_s=parts,
+                          accumulation_steps=accumulation, micro_batch_size=micro, memory_needed_bytes=needed,
+                          assumptions=assumptions)  # fmt: skip
+
+
+def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int, assumptions: list[str]) -> float:
+    measured_s = m.breakdown_s.get("forward_backward", 0.0)
+    if target.efficiency is None or not (m.flops_per_sample and m.peak_flops_per_s):
+        if m.device != target.device:
+            assumptions.append(f"{target.name}: compute keeps the efficiency measured on this {m.device} "
+                               f"({_efficiency_here(m):.1%} of peak); a {target.device} reaches a different "
+                               "share: bench on one, or pass --efficiency")  # fmt: skip
+        peak_here = m.peak_flops_per_s or target.peak_flops_per_s
+        return measured_s * samples_ratio * peak_here / target.peak_flops_per_s
+    return m.flops_per_sample * batch / target.world_size / (target.peak_flops_per_s * target.efficiency)
+
+
+def _efficiency_here(m: Measurement) -> float:
+    compute_s = m.breakdown_s.get("forward_backward", 0.0)
+    if not (m.flops_per_sample and m.peak_flops_per_s and compute_s):
+        return float("nan")
+    samples = m.global_batch_size / m.world_size
+    return m.flops_per_sample * samples / (compute_s * m.peak_flops_per_s)
+
+
+def _bandwidth_here(m: Measurement) -> float | None:
+    if m.device == "cpu":
+        return m.host_memory_bandwidth_bytes_per_s and m.host_memory_bandwidth_bytes_per_s / m.world_size
+    spec = gpu_spec(m.device_name)
+    return spec.memory_bandwidth_bytes_per_s if spec else None
+
+
+def _memory_bound_s(m: Measurement, target: Target, assumptions: list[str]) -> float:
+    measured_s = m.breakdown_s.get("optimizer", 0.0)
+    here = _bandwidth_here(m)
+    if not (here and target.memory_bandwidth_bytes_per_s):
+        assumptions.append(f"{target.name}: optimizer time kept as measured (a memory bandwidth is unknown)")
+        return measured_s
+    return measured_s * here / target.memory_bandwidth_bytes_per_s
+
+
+def _input_s(m: Measurement, target: Target, samples_ratio: float, assumptions: list[str]) -> float:
+    measured_s = m.breakdown_s.get("data_wait", 0.0) + m.breakdown_s.get("host_to_device", 0.0)
+    if m.data_num_workers == 0:
+        # Loading runs in the training process on one core: more vCPUs do not speed it up.
+        return measured_s * samples_ratio
+    vcpus_here = m.cpu_count / m.world_size
+    workers_here, workers_there = min(m.data_num_workers, vcpus_here), min(m.data_num_workers, target.vcpus_per_rank)
+    assumptions.append(f"{target.name}: input pipeline scales with loader workers that get a vCPU "
+                       f"({workers_here:g} here, {workers_there:g} there)")  # fmt: skip
+    return measured_s * samples_ratio * workers_here / max(workers_there, 1.0)
+
+
+def _communication_s(m: Measurement, target: Target, assumptions: list[str]) -> float:
+    if target.world_size == 1:
+        return 0.0
+    if not m.model_bytes:
+        assumptions.append(f"{target.name}: gradient communication not predicted (model size unknown)")
+        return 0.0
+    seconds = 0.0
+    for ranks, bus_bytes_per_s in ((target.ranks_per_node, target.intra_node_bus_bytes_per_s),
+                                   (target.nodes, target.inter_node_bus_bytes_per_s)):  # fmt: skip
+        if ranks > 1 and bus_bytes_per_s:
+            seconds += 2 * (ranks - 1) / ranks * m.model_bytes / bus_bytes_per_s  # ring all-reduce
+    assumptions.append(f"{target.name}: the all-reduce of {m.model_bytes / 2**20:.1f} MiB of gradients is "
+                       "not overlapped with backward (upper bound)")  # fmt: skip
+    return seconds
+
+
+def _fit(m: Measurement, target: Target, batch: int, assumptions: list[str]) -> tuple[int, int, float | None] | str:
+    """(accumulation, micro-batch, bytes needed), or why the job does not fit one GPU."""
+    micro = batch // target.world_size
+    if target.device_memory_bytes is None or not m.model_bytes:
+        return 1, micro, None
+    state_bytes = OPTIMIZER_STATE_COPIES * m.model_bytes
+    usable = MEMORY_HEADROOM * target.device_memory_bytes
+    per_sample = _activation_bytes_per_sample(m, state_bytes)
+    if state_bytes >= usable:
+        return f"does not fit: model state {state_bytes / 2**30:.1f} GiB > {usable / 2**30:.1f} GiB usable"
+    accumulation = max(1, math.ceil(per_sample * micro / (usable - state_bytes)))
+    while micro % accumulation:
+        accumulation += 1
+    if accumulation > micro:
+        return "does not fit: one sample's activations exceed the GPU's memory"
+    if accumulation > 1:
+        assumptions.append(f"{target.name}: accumulation {accumulation} so a micro-batch of "
+                           f"{micro // accumulation} fits (global batch kept)")  # fmt: skip
+    return accumulation, micro // accumulation, state_bytes + per_sample * micro / accumulation
+
+
+def _activation_bytes_per_sample(m: Measurement, state_bytes: float) -> float:
+    if m.peak_device_memory_bytes:
+        peak = m.peak_device_memory_bytes
+    else:
+        # On a CPU the process's growth over a bare torch import stands in for device memory.
+        peak = (m.peak_host_memory_bytes or 0) - (m.baseline_host_memory_bytes or 0)
+    return max(0.0, peak - state_bytes) / m.micro_batch_size
+
+
+def target_precision(m: Measurement) -> str:
+    """The precision the job would train in on a recent GPU: ``auto`` becomes bf16/fp16 there."""
+    if m.configured_precision == "auto":
+        return "bf16"
+    return m.configured_precision if precision_class(m.configured_precision) != "fp32" else m.precision

@@ -1,0 +1,162 @@
+"""From command-line choices to a rendered plan: find the measurement, predict, rank, list assumptions."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from skylift.errors import SkyliftConfigError
+from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
+from skylift.plan.model import MEMORY_HEADROOM, OPTIMIZER_STATE_COPIES, predict_step, target_precision
+from skylift.plan.ranking import (
+    DEFAULT_INTERRUPTIONS_PER_HOUR,
+    Candidate,
+    PlanRequest,
+    local_target,
+    plan_candidates,
+    predicted_hours,
+)
+
+__all__ = ["Plan", "build_plan", "find_or_measure"]
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """A ranked list of candidates and every assumption behind it."""
+
+    measurement_source: str
+    measurement: Measurement
+    epochs: float
+    candidates: list[Candidate]
+    assumptions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        """JSON of ``skylift plan --json``."""
+        return {
+            "measurement": self.measurement_source,
+            "measured_samples_per_s": self.measurement.samples_per_s,
+            "epochs": self.epochs,
+            "candidates": [candidate.as_dict() for candidate in self.candidates],
+            "assumptions": self.assumptions,
+        }
+
+    def render(self) -> str:
+        """The ranked table, the dropped candidates with reasons, then the assumptions."""
+        from skylift.plan.render import render_plan
+
+        return render_plan(self)
+
+
+def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: Callable[[str], None]) -> Plan:
+    """Everything ``skylift plan`` does, from its parsed arguments."""
+    from skylift.config.load import load_config
+
+    if args.epochs <= 0:
+        raise SkyliftConfigError("--epochs must be positive", f"e.g. skylift plan {args.config} --epochs 10")
+    config = load_config(args.config, args.overrides)
+    source, measurement = find_or_measure(args.config, args.overrides, config.model_dump(mode="json"), args.bench, log)
+    request = PlanRequest(
+        epochs=args.epochs, deadline_hours=deadline_hours, budget_usd=args.budget_usd, spot=args.spot,
+        efficiency=args.efficiency, interruptions_per_hour=args.interruptions_per_hour,
+        restart_s=args.restart_minutes * 60.0, checkpoint_every_minutes=config.checkpoint.every_minutes,
+        checkpoint_async=config.checkpoint.async_save, global_batch_size=config.data.global_batch_size,
+        samples_per_epoch=args.samples_per_epoch,
+    )  # fmt: skip
+    if args.samples_per_epoch is not None and args.samples_per_epoch < 1:
+        raise SkyliftConfigError("--samples-per-epoch must be at least 1", "e.g. --samples-per-epoch 1281167")
+    if args.machine == "local":
+        candidates = [_local_candidate(measurement, args.nproc, args.threads, request)]
+    else:
+        candidates = plan_candidates(measurement, _rows(args), request)
+    assumptions = _assumptions(source, measurement, request, candidates)
+    return Plan(measurement_source=source, measurement=measurement, epochs=args.epochs, candidates=candidates,
+                assumptions=assumptions)  # fmt: skip
+
+
+def find_or_measure(config_path: str, overrides: list[str], resolved: dict, bench: str | None,
+                    log: Callable[[str], None]) -> tuple[str, Measurement]:  # fmt: skip
+    """The measurement to plan from: ``bench`` if given, else the newest of this config, else a new bench."""
+    if bench is not None:
+        return bench, Measurement.load(bench)
+    latest = find_latest(config_fingerprint(resolved))
+    if latest is not None:
+        return str(latest), Measurement.load(latest)
+    from skylift.plan.bench import BenchRequest, run_bench
+
+    log(f"skylift plan: no measurement of {config_path} yet; running a short bench first (skylift bench)")
+    measurement, path = run_bench(BenchRequest(config_path=config_path, overrides=overrides))
+    return str(path), measurement
+
+
+def _rows(args: argparse.Namespace) -> list:
+    from skylift.catalog import filter_rows, load_catalog
+
+    rows = filter_rows(load_catalog(args.price_file), gpus=_split(args.gpus), providers=_split(args.providers))
+    instances = _split(args.instances)
+    if instances:
+        known = {row.instance_type for row in rows}
+        missing = [name for name in instances if name not in known]
+        if missing:
+            raise SkyliftConfigError(f"--instances: not in the catalog (after filters): {', '.join(missing)}",
+                                     "list them with: skylift catalog")  # fmt: skip
+        rows = [row for row in rows if row.instance_type in instances]
+    if not rows:
+        raise SkyliftConfigError("no catalog row matches --providers/--gpus/--instances", "list them: skylift catalog")
+    return rows
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else []
+
+
+def _local_candidate(measurement: Measurement, nproc: int, threads: int | None, request: PlanRequest) -> Candidate:
+    if nproc < 1:
+        raise SkyliftConfigError("--nproc must be at least 1", "e.g. skylift plan CONFIG --machine local --nproc 2")
+    target = local_target(measurement, nproc, threads)
+    prediction = predict_step(measurement, target, request.global_batch_size)
+    candidate = Candidate(instance="local", provider="local", count=nproc, spot=False, prediction=prediction,
+                          price_status="local")  # fmt: skip
+    if prediction.dropped:
+        candidate.dropped.append(prediction.dropped)
+    else:
+        candidate.predicted_hours = predicted_hours(measurement, prediction.step_time_s, request.epochs,
+                                                    request.global_batch_size, request.samples_per_epoch)  # fmt: skip
+    return candidate
+
+
+def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: list[Candidate]) -> list[str]:
+    lines = [
+        (f"measurement: {source} ({m.device_name}, {m.world_size} process(es) x {m.threads_per_process} thread(s), "
+        f"{m.samples_per_s:.1f} samples/s, step {m.step_time_s * 1000:.1f} ms, {m.measured_steps} steps)"),
+        f"global batch {request.global_batch_size or m.global_batch_size} on every candidate (measured at "
+        f"{m.global_batch_size}; per-sample work rescaled, per-step work kept); "
+        + (f"{request.samples_per_epoch:,} samples per epoch (--samples-per-epoch)" if request.samples_per_epoch
+           else f"{m.steps_per_epoch * m.global_batch_size:,} samples per epoch, as in the measured run"),
+        (f"GPU targets train in {target_precision(m)} (config precision: {m.configured_precision}); peaks and "
+        "memory bandwidth from the GPU table shared with the monitor's MFU (dense, data sheets)"),
+        (f"memory fit: {OPTIMIZER_STATE_COPIES} fp32 copies of the model (weights, gradients, Adam moments) + "
+        f"measured activations per sample, within {MEMORY_HEADROOM:.0%} of GPU memory"),
+        "spot: interruptions per instance-hour "
+        + ", ".join(f"{provider} {rate:g}" for provider, rate in DEFAULT_INTERRUPTIONS_PER_HOUR.items())
+        + (f" overridden to {request.interruptions_per_hour:g}" if request.interruptions_per_hour is not None else "")
+        + f" (assumed; no provider publishes a rate); restart {request.restart_s / 60:g} min each",
+        (f"work lost per interruption: none when the measured save ({_seconds(m.checkpoint_save_s)}) fits the "
+        f"provider's notice window, else half of checkpoint.every_minutes ({request.checkpoint_every_minutes})"),
+    ]
+    if any(candidate.price_status == "price_unverified" for candidate in candidates):
+        lines.append("price_unverified rows have no public price in the catalog: hours are predicted, dollars are "
+                     "not; add yours with --price-file")  # fmt: skip
+    seen: set[str] = set()
+    for candidate in candidates:
+        for text in candidate.prediction.assumptions:
+            general = text.split(": ", 1)[-1]
+            if general not in seen:
+                seen.add(general)
+                lines.append(general)
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.2f} s"
+

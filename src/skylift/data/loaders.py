@@ -62,6 +62,7 @@ def _training_order(config: RunConfig, data: DatasetSplit, context: DistributedC
         rank=context.rank,
         world_size=context.world_size,
         seed=config.seed,
+        keyed_by_epoch=getattr(data.train, "keyed_by_epoch", False),
     )
 
 
@@ -110,9 +111,12 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
         endpoint_url=data.endpoint_url,
         **cache,
     )
-    train.decode = recipe.decoder(train.index.fields)
-    first = train.decode(next(read_shard_samples(train.store.read_bytes(train.index.shards[0].name))))
     classes = train.index.metadata.get("classes") or []
+    if hasattr(recipe, "set_classes"):  # a recipe that maps label names to indices
+        recipe.set_classes(classes)
+    train.decode = recipe.decoder(train.index.fields)
+    train.collate = getattr(recipe, "collate", lambda train: None)(True) or train.collate
+    first = train.decode(next(read_shard_samples(train.store.read_bytes(train.index.shards[0].name))))
     if not classes and config.model.num_classes is None:
         from skylift.errors import SkyliftConfigError
 
@@ -120,8 +124,11 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     split = DatasetSplit(train=train, val=None, num_classes=len(classes), in_channels=int(first[0].shape[0]))
     val = None
     if data.val_url:
-        stream = EvalStream(data.val_url, decode=train.decode, batch_size=data.eval_batch_size, rank=context.rank,
-                            world_size=context.world_size, endpoint_url=data.endpoint_url, **cache)
+        eval_decoder = getattr(recipe, "eval_decoder", recipe.decoder)
+        extra = {"collate": collate} if (collate := getattr(recipe, "collate", lambda train: None)(False)) else {}
+        stream = EvalStream(data.val_url, decode=eval_decoder(train.index.fields), batch_size=data.eval_batch_size,
+                            rank=context.rank, world_size=context.world_size, endpoint_url=data.endpoint_url,
+                            **cache, **extra)
         val = _loader(stream, config, pin_memory, batch_size=None, workers=0)
     return Loaders(split, train, _loader(train, config, pin_memory, batch_size=None), val)
 

@@ -28,6 +28,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
         rank, world_size: this process's place in the job.
         seed: with the epoch, fixes the permutation.
         shuffle: draw a new permutation per epoch (else dataset order).
+        keyed_by_epoch: yield ``(epoch, index)`` keys instead of indices, for a dataset
+            whose augmentation is seeded per epoch and sample
+            (:class:`~skylift.data.images.EncodedImages`).
 
     The last partial global batch of an epoch is dropped: every optimizer step sees
     exactly ``global_batch_size`` samples, which is what keeps runs comparable.
@@ -50,6 +53,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         world_size: int,
         seed: int,
         shuffle: bool = True,
+        keyed_by_epoch: bool = False,
     ) -> None:
         per_step = world_size * accumulation_steps
         if global_batch_size % per_step:
@@ -68,6 +72,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.seed = seed
         self.shuffle = shuffle
+        self.keyed_by_epoch = keyed_by_epoch
         self.epoch = 0
         self.start_step = 0
         self.start_sample = 0
@@ -108,7 +113,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
             begin = first + step * self.global_batch_size + self.rank * per_rank
             mine = order[begin : begin + per_rank]
             for offset in range(0, per_rank, micro):
-                yield mine[offset : offset + micro]
+                batch = mine[offset : offset + micro]
+                yield [(self.epoch, index) for index in batch] if self.keyed_by_epoch else batch
 
     def __len__(self) -> int:
         return self._remaining_steps * self.accumulation_steps

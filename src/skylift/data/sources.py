@@ -1,4 +1,5 @@
-"""Inputs ``skylift shard`` converts: an image folder, JSONL/CSV text, scikit-learn's digits."""
+"""Inputs ``skylift shard`` converts: an image folder (local or in an object store), JSONL/CSV text,
+scikit-learn's digits."""
 
 from __future__ import annotations
 
@@ -18,23 +19,14 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 
 
 def image_folder_samples(root: Path) -> tuple[list[str], Iterator[dict[str, bytes]]]:
-    """Class names and samples of a ``root/<class>/<image>`` folder (sorted, deterministic)."""
-    classes = sorted(path.name for path in root.iterdir() if path.is_dir())
-    if not classes:
-        raise SkyliftConfigError(f"{root} has no class subfolders; the layout is {root}/<class name>/<image files>")
+    """Class names and samples of a local ``root/<class>/<image>`` folder (sorted, deterministic).
 
-    def samples() -> Iterator[dict[str, bytes]]:
-        for label, name in enumerate(classes):
-            for path in sorted((root / name).iterdir()):
-                if path.suffix.lower() not in IMAGE_SUFFIXES:
-                    continue
-                try:
-                    data = path.read_bytes()
-                except OSError as error:
-                    raise SkyliftConfigError(f"cannot read {path}: {error.strerror}") from None
-                yield {path.suffix.lower().lstrip(".").replace("jpeg", "jpg"): data, "cls": str(label).encode()}
+    Object stores too: :func:`skylift.data.image_sources.open_image_folder`.
+    """
+    from skylift.data.image_sources import open_image_folder
 
-    return classes, samples()
+    folder = open_image_folder(str(root))
+    return folder.classes, folder.samples()
 
 
 def text_samples(path: Path) -> Iterator[dict[str, bytes]]:
@@ -67,13 +59,19 @@ def digits_samples(split: str, val_fraction: float = 0.2, seed: int = 0) -> Iter
 
 
 def describe_source(source: str) -> str:
+    """``digits``, ``image_folder`` (a local folder or an object-store URL) or ``text``."""
     path = Path(source)
     if source == "digits":
         return "digits"
-    if path.is_dir():
+    if "://" in source and not source.startswith("file://"):
+        if source.rstrip("/").endswith((".jsonl", ".json", ".csv")):
+            raise SkyliftConfigError(f"shard source {source}: a text file is read from a local path; copy it here")
+        return "image_folder"  # s3://, oss://, cos://: open_image_folder checks the scheme and the layout
+    if source.startswith("file://") or path.is_dir():
         return "image_folder"
     if path.is_file() and path.suffix in (".jsonl", ".json", ".csv"):
         return "text"
     raise SkyliftConfigError(
-        f"shard source {source!r} is not 'digits', an image folder (<class>/<image>), or a .jsonl/.csv file"
+        f"shard source {source!r} is not 'digits', an image folder (<class>/<image>) in a local folder or at an "
+        "s3://, oss://, cos:// URL, or a .jsonl/.csv file"
     )

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from skylift.data.images import augmentation_seed, seeded
 from skylift.data.shard_cache import ShardCache
 from skylift.data.shards import ShardIndex, ShardInfo, read_index, read_shard_samples
 from skylift.storage import Store, open_store
@@ -145,10 +146,15 @@ class StreamingDataset(IterableDataset):
         reader = _ShardReader(self, ShardCache(self.store, self.cache_dir, limit_bytes=self.cache_limit_bytes), mine)
         try:
             for batch in mine:
-                yield self.collate([self.decode(reader.sample(sample_id)) for sample_id in batch])
+                yield self.collate([self._decode(reader, sample_id) for sample_id in batch])
                 reader.advance(batch)
         finally:
             reader.close()
+
+    def _decode(self, reader: _ShardReader, sample_id: int) -> Any:
+        # Seeded per (run, epoch, sample): augmentation does not depend on the worker or a resume.
+        with seeded(augmentation_seed(self.seed, self.epoch, sample_id)):
+            return self.decode(reader.sample(sample_id))
 
     def locate(self, sample_id: int) -> tuple[int, int]:
         """(shard number, position in shard) of a sample id."""

@@ -84,7 +84,7 @@ def _meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.
     num_classes = config.model.num_classes or (10 if config.recipe.name == "image_classification" else 2)
     with torch.device("meta"):
         if config.recipe.name == "text_classification":
-            model = _meta_minilm(config, num_classes)
+            model = _meta_text_model(config, num_classes)
             batch = _text_batch(config, micro_batch_size)
         else:
             from skylift.data.datasets import DatasetSplit
@@ -99,16 +99,16 @@ def _meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.
     return model, batch, recipe.training_loss
 
 
-def _meta_minilm(config: RunConfig, num_classes: int) -> nn.Module:
+def _meta_text_model(config: RunConfig, num_classes: int) -> nn.Module:
     # The recipe's build_model loads the pretrained weights; on meta only the
-    # architecture is needed, which config.json describes.
-    from skylift.recipes.minilm import BertEncoder, BertSpec, MiniLMClassifier, minilm_dir
+    # architecture is needed, which the folder's config.json describes.
+    from skylift.recipes.hf_models import load_classifier, model_folder
 
-    encoder = BertEncoder(BertSpec.from_file(minilm_dir() / "config.json"))
-    return MiniLMClassifier(encoder, num_classes, pooling=config.model.pooling)
+    return load_classifier(model_folder(config.model), num_classes, meta=True,
+                           added_tokens=config.model.add_unknown_characters)  # at most that many
 
 
-def _text_batch(config: RunConfig, micro_batch_size: int) -> tuple[torch.Tensor, ...]:
+def _text_batch(config: RunConfig, micro_batch_size: int) -> tuple[Any, ...]:
     import torch
 
     data = config.data
@@ -116,7 +116,9 @@ def _text_batch(config: RunConfig, micro_batch_size: int) -> tuple[torch.Tensor,
     rows = max(1, data.max_tokens // length) if data.batching == "token_budget" else micro_batch_size
     return (
         torch.zeros(rows, length, dtype=torch.long),
-        torch.ones(rows, length, dtype=torch.bool),
+        # No mask: rows of full length need none, and transformers' mask shortcut reads
+        # the mask's values, which meta tensors do not have.
+        None,
         torch.zeros(rows, dtype=torch.long),
     )
 

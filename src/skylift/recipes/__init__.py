@@ -12,10 +12,10 @@ if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
     from skylift.recipes.base import Recipe
 
-__all__ = ["RECIPES", "Recipe", "build_recipe", "recipe_class"]
+__all__ = ["RECIPES", "Recipe", "build_recipe", "recipe_class", "recipe_class_named"]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - `from skylift.recipes import Recipe`, imported lazily
+def __getattr__(name: str):
     if name == "Recipe":
         from skylift.recipes.base import Recipe
 
@@ -28,6 +28,12 @@ RECIPES: dict[str, str] = {
 }
 
 
+def recipe_class_named(name: str) -> type[Recipe]:
+    """The built-in recipe class ``name`` (a key of :data:`RECIPES`)."""
+    module_name, _, class_name = RECIPES[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
 def recipe_class(config: RunConfig) -> type[Recipe]:
     """The class ``recipe.name`` names: a built-in one, or the user's by import path."""
     from skylift.recipes.base import Recipe
@@ -35,8 +41,7 @@ def recipe_class(config: RunConfig) -> type[Recipe]:
 
     name = config.recipe.name
     if name in RECIPES:
-        module_name, _, class_name = RECIPES[name].partition(":")
-        return getattr(importlib.import_module(module_name), class_name)
+        return recipe_class_named(name)
     found = load_object(name, field="recipe.name")
     if not (isinstance(found, type) and issubclass(found, Recipe)):
         from skylift.errors import SkyliftConfigError

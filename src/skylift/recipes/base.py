@@ -55,10 +55,14 @@ class Recipe:
     @classmethod
     def parse_args(cls, config: Any) -> Any:
         """``recipe.args`` validated by ``cls.Args`` (raises SkyliftConfigError naming each key)."""
+        return cls.validate_args(config.recipe.args)
+
+    @classmethod
+    def validate_args(cls, given: dict[str, Any]) -> Any:
+        """``given`` (the ``recipe.args`` mapping) as an ``Args`` instance, or ``None``."""
         from skylift.config.load import describe_errors
         from skylift.errors import SkyliftConfigError
 
-        given = config.recipe.args
         if cls.Args is None:
             if given:
                 raise SkyliftConfigError(f"recipe.args: {cls.__name__} takes no args (got {sorted(given)})",
@@ -94,8 +98,16 @@ class Recipe:
         return None
 
     def decoder(self, fields: list[str]) -> Any:
-        """How to turn a streamed sample (field -> bytes) into what ``training_loss`` takes."""
+        """How to turn a streamed sample (field -> bytes) into what ``training_loss`` takes.
+
+        Runs in the DataLoader workers. For training, each call runs on the CPU generator
+        seeded by (run seed, epoch, sample id), so random augmentation in it is the same
+        whichever worker runs it and after a resume."""
         raise NotImplementedError(f"{type(self).__name__} cannot read sharded datasets")
+
+    def eval_decoder(self, fields: list[str]) -> Any:
+        """The decoder of evaluation samples (no augmentation); default: :meth:`decoder`."""
+        return self.decoder(fields)
 
     def batch_size(self, batch: Any) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))

@@ -14,13 +14,18 @@ __all__ = ["apply_activation_checkpointing"]
 def apply_activation_checkpointing(model: nn.Module, module_types: list[str]) -> int:
     """Recompute the activations of submodules whose class name is in ``module_types``.
 
-    Models with their own switch (Hugging Face ``gradient_checkpointing_enable``) use
+    Models with their own switch (Hugging Face ``activation_checkpointing_enable``) use
     it, since it knows which layers are safe to recompute. Returns how many modules
     were wrapped.
 
     Raises:
         ValueError: no submodule matched, so the setting would do nothing.
     """
+    # transformers 5.x names it activation_checkpointing_enable (the old name warns, and goes in v6).
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if callable(enable):
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return 1
     enable = getattr(model, "gradient_checkpointing_enable", None)
     if callable(enable):
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -27,7 +27,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig, device: torch.device)
     kernel = _kernel_options(config.implementation, device)
     if config.name == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, **kernel)
-    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, **kernel)
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov, **kernel)
 
 
 def lr_multiplier(step: int, schedule: ScheduleConfig, total_steps: int) -> float:

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from skylift.data.sampler import GlobalBatchSampler
@@ -169,7 +168,7 @@ def batch_size_of(batch: Any) -> int:
         return batch_size_of(batch[0])
     if isinstance(batch, dict) and batch:
         return batch_size_of(next(iter(batch.values())))
-    return 0
+    return len(batch) if hasattr(batch, "__len__") else 0  # a batch type of the recipe's own
 
 
 def prepare_eval_loader(loader: DataLoader, runtime: Any, context: DistributedContext) -> _EvalLoader:

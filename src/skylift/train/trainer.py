@@ -29,6 +29,7 @@ from skylift.data.loaders import (
 from skylift.recipes import build_recipe
 from skylift.recipes.base import Recipe
 from skylift.train.distributed import DistributedContext
+from skylift.train.ema import WeightAverage
 from skylift.train.events import Callback, Event, TrainState
 from skylift.train.optim import build_lr_schedule, build_optimizer
 from skylift.train.runtime import Runtime
@@ -75,6 +76,8 @@ class _Parts:
     """The epoch's sample order: ``set_epoch(epoch, start_step)``, ``steps_per_epoch``."""
     train_loader: Any
     val_loader: Any | None
+    ema: WeightAverage | None = None
+    """The moving average of the weights (``optim.ema_decay``): evaluated and saved."""
 
 
 class Trainer:
@@ -130,12 +133,12 @@ class Trainer:
         state.global_batch_size = self.config.data.global_batch_size
         policy = self.runtime.precision
         log.info("precision %s (%s)", policy.name, policy.reason)
-        self.runtime.resume()
+        self.runtime.resume(extra=parts.ema.state() if parts.ema is not None else None)
         resumed_from = self.services.resumed_from_step  # None on a fresh start (resume() returns 0)
         started = time.perf_counter()
         self._run_epochs(parts, state)
-        train_time_s, samples_per_s = self.runtime.finish(lambda: self._save_final_model(parts.model),
-                                                          started_at=started)
+        final = parts.ema.module if parts.ema is not None else parts.model
+        train_time_s, samples_per_s = self.runtime.finish(lambda: self._save_final_model(final), started_at=started)
         summary = self._summarize(parts, state, train_time_s, resumed_from, samples_per_s)
         if self.runtime.dist.is_main:
             from skylift.monitor.report import write_run_report
@@ -156,8 +159,9 @@ class Trainer:
         optimizer = build_optimizer(model, config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
+        ema = WeightAverage(runtime.unwrap(model), config.optim.ema_decay) if config.optim.ema_decay else None
         # Both loaders come sharded by rank; the loop fetches training batches through the runtime.
-        return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, loaders.train, loaders.val)
+        return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, loaders.train, loaders.val, ema)
 
     def _start_tuner(self) -> RunConfig:
         """``data.num_workers: auto``: start with the first candidate; the loop tries the rest."""
@@ -232,7 +236,8 @@ class Trainer:
                 loss = loss * weight
             runtime.backward(loss)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            runtime.optimizer_step()
+            if runtime.optimizer_step() and parts.ema is not None:
+                parts.ema.update(runtime.unwrap(parts.model))
         assert loss_sum is not None
         loss_mean = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
         runtime.log(state.step + 1, loss=loss_mean)
@@ -242,7 +247,7 @@ class Trainer:
     def _evaluate(self, parts: _Parts) -> dict[str, float]:
         # The unwrapped module: DDP's forward may broadcast buffers (a collective), and
         # ranks can hold different numbers of evaluation batches.
-        module = self.runtime.unwrap(parts.model)
+        module = parts.ema.module if parts.ema is not None else self.runtime.unwrap(parts.model)
         module.eval()
         totals: dict[str, torch.Tensor] = {}
         for batch in parts.val_loader:

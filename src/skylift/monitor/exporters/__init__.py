@@ -17,11 +17,12 @@ __all__ = ["EXPORTERS", "VENDOR_MODULES", "Exporter", "RunInfo", "build_exporter
 
 EXPORTERS: dict[str, tuple[str, str]] = {
     "cloudwatch": ("skylift.monitor.exporters.cloudwatch:CloudWatchExporter", "pip install 'skylift[cloudwatch]'"),
+    "aliyun_cms": ("skylift.monitor.exporters.aliyun_cms:AliyunCmsExporter", "pip install 'skylift[aliyun-cms]'"),
     "mlflow": ("skylift.monitor.exporters.mlflow:MlflowExporter", "pip install 'skylift[mlflow]'"),
     "wandb": ("skylift.monitor.exporters.wandb:WandbExporter", "pip install 'skylift[wandb]'"),
 }
 """Sink name -> (class by import path, how to install its vendor package)."""
-VENDOR_MODULES = {"cloudwatch": "boto3", "mlflow": "mlflow", "wandb": "wandb"}
+VENDOR_MODULES = {"cloudwatch": "boto3", "aliyun_cms": "alibabacloud_cms20190101", "mlflow": "mlflow", "wandb": "wandb"}
 """The module each sink imports (checked on every rank before the run starts)."""
 
 

@@ -282,17 +282,17 @@ def test_streamed_jsonl_shards_train_and_evaluate(cli, tmp_path):
 
 @pytest.mark.slow
 def test_cpu_preset_learns_real_reviews(cli, tmp_path):
-    """The preset reaches 78% in 4 epochs (README); here 800 training reviews, 64 tokens, one
-    epoch of 36 steps. The bar: 200 validation reviews put chance at 50% +- 3.5%, so 60%
-    is ~3 standard deviations above it (measured: 69.5%). Without added characters: the
+    """The preset's figure is in README; here 800 training reviews, 64 tokens, two epochs of
+    36 steps. The bar: 200 validation reviews put chance at 50% +- 3.5%, so 60% is ~3
+    standard deviations above it (measured: 67.0%, F1 0.669). Without added characters:
     new embeddings need more steps than this test has."""
     run_dir = tmp_path / "run"
     args = ["run", EXAMPLE, "--json", "--set", f"run_dir={run_dir}"]
-    for override in ("data.num_samples=1000", "data.max_length=64", "data.max_tokens=1024", "schedule.epochs=1",
+    for override in ("data.num_samples=1000", "data.max_length=64", "data.max_tokens=1024", "schedule.epochs=2",
                      "schedule.warmup_steps=10", "optim.lr=1e-4", "model.add_unknown_characters=0",
                      "monitor.tensorboard=false", "checkpoint.enabled=false"):
         args += ["--set", override]
     result = cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
-    (evaluation,) = records(run_dir, "eval")
+    evaluation = records(run_dir, "eval")[-1]
     assert evaluation["accuracy"] >= 0.6 and evaluation["f1_macro"] >= 0.55, evaluation

@@ -93,12 +93,10 @@ def _splits(args: argparse.Namespace):  # (split, samples, metadata, total) per 
 
         folder = open_image_folder(args.source, endpoint_url=_source_endpoint(args))
         return [("", folder.samples(args.workers), {"classes": folder.classes}, len(folder.images))]
-    from skylift.data.text import read_text_file
-
     # The class map travels in the index, so every rank and the validation split number
     # labels the same way (names sorted; integer labels as they are).
-    texts, _, classes = read_text_file(Path(args.source))
-    return [("", sources.text_samples(Path(args.source)), {"classes": classes}, len(texts))]
+    rows, classes = sources.text_classes(Path(args.source))
+    return [("", sources.text_samples(Path(args.source)), {"classes": classes} if classes else {}, rows)]
 
 
 def _source_endpoint(args: argparse.Namespace) -> str | None:

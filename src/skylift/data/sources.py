@@ -13,7 +13,8 @@ import numpy as np
 from skylift.data.codecs import encode_array
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["IMAGE_SUFFIXES", "describe_source", "digits_samples", "image_folder_samples", "text_samples"]
+__all__ = ["IMAGE_SUFFIXES", "describe_source", "digits_samples", "image_folder_samples", "text_classes",
+           "text_samples"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 
@@ -45,6 +46,24 @@ def text_samples(path: Path) -> Iterator[dict[str, bytes]]:
             except json.JSONDecodeError as error:
                 raise SkyliftConfigError(f"{path}:{number} is not valid JSON: {error.msg}") from None
             yield {"json": line.strip().encode()}
+
+
+def text_classes(path: Path) -> tuple[int, list[str]]:
+    """Rows of a JSONL/CSV file and the class names of its ``label`` field, numbered as
+    the text recipe numbers them (integers as they are, else names sorted); no classes
+    when some row has no label (a file of other fields shards as it is)."""
+    import json
+
+    labels, rows = [], 0
+    for sample in text_samples(path):
+        rows += 1
+        row = json.loads(sample["json"])
+        labels.append(row.get("label") if isinstance(row, dict) else None)
+    if not labels or any(label is None for label in labels):
+        return rows, []
+    from skylift.data.text import number_labels
+
+    return rows, number_labels(labels)[1]
 
 
 def digits_samples(split: str, val_fraction: float = 0.2, seed: int = 0) -> Iterator[dict[str, bytes]]:

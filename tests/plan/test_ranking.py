@@ -96,3 +96,36 @@ def test_plan_local_reads_a_recorded_bench(capsys):
 def test_bad_flags_name_themselves(flag, value, capsys):
     assert main(["plan", str(QUICKSTART), "--epochs", "1", "--bench", str(RECORDED), flag, value]) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_the_config_plan_section_sets_prices_rates_and_restarts_and_flags_win(tmp_path, capsys):
+    prices = tmp_path / "prices.csv"
+    prices.write_text("provider,instance_type,region,on_demand_usd_per_hour,spot_usd_per_hour\n"
+                      "aws,g6.xlarge,us-east-1,0.5,0.25\n")
+    config = tmp_path / "job.yaml"
+    config.write_text(QUICKSTART.read_text() + f"plan:\n  price_file: {prices}\n"
+                      "  interruptions_per_hour: {aws: 1.0}\n  restart_minutes: 30\n")
+    bench = measurement().save(tmp_path / "bench.json")
+    common = ["plan", str(config), "--epochs", "5000", "--bench", str(bench), "--instances", "g6.xlarge",
+              "--spot", "only", "--json"]
+
+    def spot_candidate(*flags):
+        assert main([*common, *flags]) == 0
+        (candidate,) = [c for c in json.loads(capsys.readouterr().out)["candidates"] if c["count"] == 1]
+        return candidate
+
+    from_config = spot_candidate()
+    plain_hours = from_config["predicted_hours"] / (1 + 1.0 * 30 / 60)  # each interruption costs 30 min
+    assert from_config["expected_interruptions"] == pytest.approx(1.0 * plain_hours)
+    assert from_config["predicted_usd"] == pytest.approx(0.25 * from_config["predicted_hours"])
+    overridden = spot_candidate("--interruptions-per-hour", "0.5", "--restart-minutes", "6")
+    assert overridden["expected_interruptions"] == pytest.approx(0.5 * plain_hours)
+    assert overridden["predicted_hours"] == pytest.approx(plain_hours * (1 + 0.5 * 6 / 60))
+
+
+def test_a_bad_plan_section_names_the_field(tmp_path):
+    from skylift.config import load_config
+    from skylift.errors import SkyliftConfigError
+
+    with pytest.raises(SkyliftConfigError, match="plan.interruptions_per_hour"):
+        load_config(str(QUICKSTART), ["plan.interruptions_per_hour=-1"])

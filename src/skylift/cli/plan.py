@@ -24,12 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: plan both; only: spot; never: on-demand")  # fmt: skip
     parser.add_argument("--bench", default=None, metavar="FILE|RUN_DIR",
                         help="the measurement to use (default: the newest bench of this config; else a new one)")  # fmt: skip
-    parser.add_argument("--price-file", default=None, metavar="CSV", help="your own prices over the catalog's")
+    parser.add_argument("--price-file", default=None, metavar="CSV",
+                        help="your own prices over the catalog's (default: plan.price_file)")  # fmt: skip
     parser.add_argument("--efficiency", type=float, default=None,
                         help="fraction of peak FLOP/s the target reaches (default: the one measured here)")  # fmt: skip
     parser.add_argument("--interruptions-per-hour", type=float, default=None,
-                        help="spot interruptions per instance-hour (default 0.05 per provider, an assumption)")  # fmt: skip
-    parser.add_argument("--restart-minutes", type=float, default=10.0, help="minutes from interruption to training")
+                        help="spot interruptions per instance-hour (default: plan.interruptions_per_hour, else "
+                             "0.05 per provider, an assumption)")  # fmt: skip
+    parser.add_argument("--restart-minutes", type=float, default=None,
+                        help="minutes from interruption to training (default: plan.restart_minutes, 10)")  # fmt: skip
     parser.add_argument("--machine", choices=("cloud", "local"), default="cloud",
                         help="local: predict this machine at --nproc processes, to check the model here")  # fmt: skip
     parser.add_argument("--nproc", type=int, default=1, help="with --machine local: processes to predict")

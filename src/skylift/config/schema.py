@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
 from skylift.config.optim import AccumulationConfig, OptimConfig, ScheduleConfig
+from skylift.config.plan import PlanConfig
 from skylift.config.section import Section as _Section
 from skylift.config.submit import SubmitConfig
 
@@ -31,6 +32,7 @@ __all__ = [
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
+    "PlanConfig",
     "PrecisionName",
     "PreemptionConfig",
     "RecipeConfig",
@@ -173,6 +175,20 @@ class DataConfig(_Section):
     """Samples per optimizer step across all ranks and accumulation micro-steps. Must
     divide by ``world_size * accumulation.steps``; the per-rank micro-batch is the
     quotient, so a run gives the same result on any number of processes."""
+
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
+    """Samples per rank per micro-step. Unset: ``global_batch_size / (world_size x
+    accumulation.steps)``. A number: ``accumulation.steps`` follows from it, so the global
+    batch stays. ``auto``: the largest that fits this device, found at start by real
+    forward/backward trials of the divisors of the per-rank batch (agreed across ranks);
+    accumulation rises to keep ``global_batch_size``, so convergence does not change.
+    Leave ``accumulation.steps`` at 1 when this is set."""
+
+    micro_batch_memory_gib: float | None = Field(default=None, gt=0)
+    """Memory one rank may use with ``micro_batch_size: auto``, GiB: the trials' measured
+    peak plus the optimizer state (and EMA copy, DDP buckets) still to come. Unset: the
+    GPU's free memory plus what this process already holds; on CPU, this node's
+    available RAM shared by its ranks plus this process's resident memory."""
 
     eval_batch_size: int = Field(default=256, ge=1)
     """Samples per rank per evaluation batch."""
@@ -420,6 +436,10 @@ class RunConfig(_Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Metrics, TensorBoard and the progress bar."""
 
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+    """What ``skylift plan`` assumes for this job (your prices, spot interruption rates,
+    restart time); ``skylift run`` ignores it."""
+
     submit: SubmitConfig = Field(default_factory=SubmitConfig)
     """Where and how ``skylift submit`` sends this run (platform options, spot, limits,
     resubmits); ``skylift run`` ignores it."""
@@ -459,13 +479,56 @@ class RunConfig(_Section):
             )
         return self
 
-    def micro_batch_size(self, world_size: int) -> int:
-        """Per-rank samples per micro-step; raises ``ValueError`` naming the fields."""
-        divisor = world_size * self.accumulation.steps
-        if self.data.global_batch_size % divisor:
+    @model_validator(mode="after")
+    def _one_micro_batch_setting(self) -> RunConfig:
+        micro = self.data.micro_batch_size
+        if micro is None:
+            return self
+        if self.accumulation.steps != 1:
             raise ValueError(
-                f"data.global_batch_size ({self.data.global_batch_size}) must divide by "
-                f"world_size ({world_size}) x accumulation.steps ({self.accumulation.steps}) = "
-                f"{divisor}; set data.global_batch_size to a multiple of {divisor}"
+                f"data.micro_batch_size ({micro}) and accumulation.steps ({self.accumulation.steps}) both set the "
+                "micro-batch; keep one (accumulation follows from data.micro_batch_size)"
             )
-        return self.data.global_batch_size // divisor
+        if self.data.batching == "token_budget":
+            raise ValueError("data.batching: token_budget sizes micro-batches by data.max_tokens; "
+                             "remove data.micro_batch_size")
+        return self
+
+    def micro_batch_size(self, world_size: int) -> int:
+        """Per-rank samples per micro-step (with ``data.micro_batch_size: auto``, the
+        largest candidate, before the trials); raises ``ValueError`` naming the fields."""
+        per_rank = self._per_rank_batch(world_size)
+        micro = self.data.micro_batch_size
+        if micro is None:
+            return self.data.global_batch_size // (world_size * self.accumulation.steps)
+        if micro == "auto":
+            return per_rank
+        if per_rank % micro:
+            raise ValueError(
+                f"data.micro_batch_size ({micro}) must divide the per-rank batch, data.global_batch_size "
+                f"({self.data.global_batch_size}) / world_size ({world_size}) = {per_rank}; choose a divisor "
+                f"of {per_rank}, or auto"
+            )
+        return micro
+
+    def with_micro_batch(self, micro_batch_size: int, world_size: int) -> RunConfig:
+        """A copy with the micro-batch spelled as ``accumulation.steps`` (what the loaders
+        and the runtime read); ``micro_batch_size`` must divide the per-rank batch."""
+        per_rank = self._per_rank_batch(world_size)
+        if per_rank % micro_batch_size:
+            raise ValueError(f"micro-batch {micro_batch_size} does not divide the per-rank batch {per_rank}")
+        resolved = self.model_copy(deep=True)
+        resolved.data.micro_batch_size = None
+        resolved.accumulation.steps = per_rank // micro_batch_size
+        return resolved
+
+    def _per_rank_batch(self, world_size: int) -> int:
+        divisor = world_size * (self.accumulation.steps if self.data.micro_batch_size is None else 1)
+        if self.data.global_batch_size % divisor:
+            what = f"world_size ({world_size})" if divisor == world_size else (
+                f"world_size ({world_size}) x accumulation.steps ({self.accumulation.steps}) = {divisor}")
+            raise ValueError(
+                f"data.global_batch_size ({self.data.global_batch_size}) must divide by {what}; "
+                f"set data.global_batch_size to a multiple of {divisor}"
+            )
+        return self.data.global_batch_size // world_size

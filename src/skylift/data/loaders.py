@@ -27,10 +27,13 @@ class Loaders:
     val: DataLoader | None
 
 
-def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *, pin_memory: bool) -> Loaders:
+def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *, pin_memory: bool,
+                  data: DatasetSplit | None = None) -> Loaders:
+    """The loaders ``config`` asks for; ``data``: in-memory datasets built before (kept
+    when only the batching changes)."""
     if config.data.url:
         return _streamed(config, recipe, context, pin_memory)
-    data = recipe.build_datasets()
+    data = data if data is not None else recipe.build_datasets()
     order = _training_order(config, data, context)
     train = _loader(data.train, config, pin_memory, batch_sampler=order, collate_fn=_collate(recipe, True))
     val = None

@@ -31,6 +31,8 @@ def job_facts(config: RunConfig, *, config_path: str | None, nproc: int = 1, nno
         micro_batch = None if token_budget else config.micro_batch_size(world_size)
     except ValueError as error:
         raise SkyliftConfigError(str(error)) from None
+    if config.data.micro_batch_size == "auto":
+        micro_batch = 1  # the trials go down to 1: the job fits if one sample does
     rows = micro_batch or max(1, config.data.max_tokens // config.data.max_length)
     local = any(disk.purpose == "checkpoint_local" for disk in gather_disks(config))
     return JobFacts(

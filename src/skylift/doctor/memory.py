@@ -55,8 +55,9 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
         return MemoryEstimate(note=f"model not traced: {type(error).__name__}: {error}")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parameters = sum(p.numel() for p in model.parameters())
-    state_bytes_per_parameter = {"adamw": 2 * _FP32_BYTES, "sgd": _FP32_BYTES if config.optim.momentum else 0}
-    optimizer_bytes = trainable * state_bytes_per_parameter[config.optim.name]
+    from skylift.train.optim import optimizer_state_copies
+
+    optimizer_bytes = trainable * _FP32_BYTES * optimizer_state_copies(config.optim)
     gradient_copies = 2 if world_size > 1 else 1  # DDP's flattened buckets beside .grad
     half = config.precision in ("fp16", "bf16") or (config.precision == "auto" and torch.cuda.is_available())
     activation_bytes, note = _saved_tensor_bytes(model, batch, loss, half=half)

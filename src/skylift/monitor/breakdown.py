@@ -80,7 +80,8 @@ class StepClock:
         micro_steps: int = 1,
     ) -> None:
         self.every_steps = every_steps
-        self._micro_steps = micro_steps
+        self.micro_steps = micro_steps
+        """Forward passes per optimizer step (the Trainer may settle it after construction)."""
         self._device = device
         self._stall_s = checkpoint_stall_s
         self._ddp_module = ddp_module
@@ -140,7 +141,7 @@ class StepClock:
         # measured step, the one that communicates, and keeps timing off the others.
         setter = getattr(ddp, "_set_ddp_runtime_logging_sample_rate", None)
         if setter is not None:
-            setter(max(self.every_steps * self._micro_steps, 1))
+            setter(max(self.every_steps * self.micro_steps, 1))
         self._ddp_rate_set = True
 
     def _exposed_communication_s(self) -> float:

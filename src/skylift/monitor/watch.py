@@ -52,6 +52,10 @@ class RunMonitor(Callback):
         self.precision = precision
         self.started_at = time.time()
         self.resumed_from_step: int | None = None
+        self.accumulation_steps = 1
+        """Micro-steps per optimizer step, as the runtime settled them."""
+        self.micro_batch: dict[str, Any] | None = None
+        """What ``data.micro_batch_size: auto`` measured and chose (for ``run_start``)."""
         self._sampler: Any = None
         self._ledger: CostLedger | None = None
         self._flops_counted = False
@@ -145,6 +149,9 @@ class RunMonitor(Callback):
             "flops_per_step": None,
             "usd_per_hour": config.monitor.usd_per_hour,
             "on_demand_usd_per_hour": config.monitor.on_demand_usd_per_hour,
+            "accumulation_steps": self.accumulation_steps,
+            "micro_batch_size": _micro_batch_size(config, world_size, self.accumulation_steps),
+            "micro_batch": self.micro_batch,
             "data_num_workers": config.data.num_workers,
             "cpu_count": _cpus(),
             "compile_enabled": config.compile.enabled,
@@ -225,3 +232,10 @@ def _cpus() -> int:
     from skylift.data.autotune import available_cpus
 
     return available_cpus()
+
+
+def _micro_batch_size(config: RunConfig, world_size: int, accumulation_steps: int) -> int | None:
+    """Samples per rank per micro-step; ``None`` under a token budget (it varies)."""
+    if config.data.batching == "token_budget":
+        return None
+    return config.data.global_batch_size // (world_size * accumulation_steps)

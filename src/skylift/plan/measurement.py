@@ -25,7 +25,7 @@ __all__ = ["BENCH_DIR", "Measurement", "config_fingerprint", "find_latest", "mea
 BENCH_DIR = Path("runs/bench")
 """Where ``skylift bench`` keeps its runs and JSON files, relative to the working directory."""
 
-_UNSHAPED_SECTIONS = ("run_dir", "schedule", "checkpoint", "monitor", "preemption")
+_UNSHAPED_SECTIONS = ("run_dir", "schedule", "checkpoint", "monitor", "preemption", "plan", "submit")
 """Config parts a bench changes or that do not change the speed of a step: left out of the fingerprint."""
 
 
@@ -124,7 +124,8 @@ def config_fingerprint(resolved: dict[str, Any]) -> str:
     from one measurement, so a plan with ``--set data.global_batch_size=256`` reuses it.
     """
     kept = {key: value for key, value in resolved.items() if key not in _UNSHAPED_SECTIONS and key != "accumulation"}
-    kept["data"] = {key: value for key, value in kept.get("data", {}).items() if key != "global_batch_size"}
+    kept["data"] = {key: value for key, value in kept.get("data", {}).items()
+                    if key not in ("global_batch_size", "micro_batch_size", "micro_batch_memory_gib")}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -155,8 +156,10 @@ def measurement_from_run_dir(run_dir: Path, *, config_path: str, warmup_steps: i
                                  "measure again with more steps: skylift bench CONFIG --steps 20")  # fmt: skip
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     world_size = int(start["world_size"])
-    accumulation = int(resolved.get("accumulation", {}).get("steps", 1))
     global_batch = int(resolved["data"]["global_batch_size"])
+    # run_start has what the run settled (data.micro_batch_size: auto or a number); the
+    # config's accumulation.steps for folders that predate it.
+    accumulation = int(start.get("accumulation_steps") or resolved.get("accumulation", {}).get("steps", 1))
     step_time_s = statistics.median(record["step_time_s"] for record in trains)
     flops_per_step = next((r["flops_per_step"] for r in trains if r.get("flops_per_step")), None)
     breakdown = _median_breakdown(trains, step_time_s)

@@ -10,9 +10,9 @@ from skylift.errors import SkyliftConfigError
 from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
 from skylift.plan.model import MEMORY_HEADROOM, OPTIMIZER_STATE_COPIES, predict_step, target_precision
 from skylift.plan.ranking import (
-    DEFAULT_INTERRUPTIONS_PER_HOUR,
     Candidate,
     PlanRequest,
+    interruption_rates,
     local_target,
     plan_candidates,
     predicted_hours,
@@ -56,10 +56,15 @@ def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: C
         raise SkyliftConfigError("--epochs must be positive", f"e.g. skylift plan {args.config} --epochs 10")
     config = load_config(args.config, args.overrides)
     source, measurement = find_or_measure(args.config, args.overrides, config.model_dump(mode="json"), args.bench, log)
+    # The command line wins over the config's plan section, which wins over the defaults.
+    chosen = config.plan
+    rate = args.interruptions_per_hour if args.interruptions_per_hour is not None else chosen.interruptions_per_hour
+    restart_minutes = args.restart_minutes if args.restart_minutes is not None else chosen.restart_minutes
+    args.price_file = args.price_file or chosen.price_file
     request = PlanRequest(
         epochs=args.epochs, deadline_hours=deadline_hours, budget_usd=args.budget_usd, spot=args.spot,
-        efficiency=args.efficiency, interruptions_per_hour=args.interruptions_per_hour,
-        restart_s=args.restart_minutes * 60.0, checkpoint_every_minutes=config.checkpoint.every_minutes,
+        efficiency=args.efficiency, interruptions_per_hour=rate,
+        restart_s=restart_minutes * 60.0, checkpoint_every_minutes=config.checkpoint.every_minutes,
         checkpoint_async=config.checkpoint.async_save, global_batch_size=config.data.global_batch_size,
         samples_per_epoch=args.samples_per_epoch,
     )  # fmt: skip
@@ -138,9 +143,10 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
         (f"memory fit: {OPTIMIZER_STATE_COPIES} fp32 copies of the model (weights, gradients, Adam moments) + "
         f"measured activations per sample, within {MEMORY_HEADROOM:.0%} of GPU memory"),
         "spot: interruptions per instance-hour "
-        + ", ".join(f"{provider} {rate:g}" for provider, rate in DEFAULT_INTERRUPTIONS_PER_HOUR.items())
-        + (f" overridden to {request.interruptions_per_hour:g}" if request.interruptions_per_hour is not None else "")
-        + f" (assumed; no provider publishes a rate); restart {request.restart_s / 60:g} min each",
+        + ", ".join(f"{provider} {rate:g}" for provider, rate in interruption_rates(request).items())
+        + (" (yours: plan.interruptions_per_hour or --interruptions-per-hour)" if request.interruptions_per_hour
+           is not None else " (assumed; no provider publishes a rate)")
+        + f"; restart {request.restart_s / 60:g} min each",
         (f"work lost per interruption: none when the measured save ({_seconds(m.checkpoint_save_s)}) fits the "
         f"provider's notice window, else half of checkpoint.every_minutes ({request.checkpoint_every_minutes})"),
     ]

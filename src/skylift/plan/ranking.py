@@ -18,8 +18,8 @@ from skylift.monitor.flops import gpu_spec
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import StepPrediction, Target, predict_step, target_precision
 
-__all__ = ["DEFAULT_INTERRUPTIONS_PER_HOUR", "DEFAULT_RESTART_S", "Candidate", "PlanRequest", "local_target",
-           "plan_candidates", "row_target"]  # fmt: skip
+__all__ = ["DEFAULT_INTERRUPTIONS_PER_HOUR", "DEFAULT_RESTART_S", "Candidate", "PlanRequest", "interruption_rates",
+           "local_target", "plan_candidates", "row_target"]  # fmt: skip
 
 DEFAULT_INTERRUPTIONS_PER_HOUR: dict[str, float] = {
     # skylift's assumption, the same for every provider until one publishes a rate. AWS's
@@ -43,7 +43,9 @@ class PlanRequest:
     spot: Literal["auto", "only", "never"] = "auto"
     node_counts: tuple[int, ...] = (1, 2, 4)
     efficiency: float | None = None
-    interruptions_per_hour: float | None = None
+    interruptions_per_hour: float | dict[str, float] | None = None
+    """Spot interruptions per instance-hour: one rate, one per provider (the rest keep the
+    defaults), or ``None`` for :data:`DEFAULT_INTERRUPTIONS_PER_HOUR`."""
     restart_s: float = DEFAULT_RESTART_S
     checkpoint_every_minutes: float | None = 10.0
     checkpoint_async: bool = True
@@ -212,12 +214,20 @@ def _checkpoint_overhead_hours(hours: float, measurement: Measurement, request: 
 def _with_interruptions(hours: float, row: InstanceRow, nodes: int, measurement: Measurement,
                         request: PlanRequest) -> tuple[float, float]:  # fmt: skip
     """(expected interruptions, hours including their cost); any one instance going stops the job."""
-    rate = request.interruptions_per_hour
-    if rate is None:
-        rate = DEFAULT_INTERRUPTIONS_PER_HOUR.get(row.provider, 0.05)
+    rate = interruption_rates(request).get(row.provider, DEFAULT_INTERRUPTIONS_PER_HOUR["aws"])
     interruptions = rate * hours * nodes
     lost_s = request.restart_s + _work_lost_s(row, measurement, request)
     return interruptions, hours + interruptions * lost_s / 3600.0
+
+
+def interruption_rates(request: PlanRequest) -> dict[str, float]:
+    """Interruptions per instance-hour for each provider, the request's over the defaults."""
+    given = request.interruptions_per_hour
+    if given is None:
+        return dict(DEFAULT_INTERRUPTIONS_PER_HOUR)
+    if isinstance(given, dict):
+        return {**DEFAULT_INTERRUPTIONS_PER_HOUR, **given}
+    return dict.fromkeys(DEFAULT_INTERRUPTIONS_PER_HOUR, given)
 
 
 def _work_lost_s(row: InstanceRow, measurement: Measurement, request: PlanRequest) -> float:

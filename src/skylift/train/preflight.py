@@ -39,9 +39,10 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         "grad_scaler": policy.use_grad_scaler,
         "batching": config.data.batching,
         "global_batch_size": None if token_budget else config.data.global_batch_size,
-        "micro_batch_size_per_rank": micro_batch,
+        "micro_batch_size_per_rank": "auto" if config.data.micro_batch_size == "auto" else micro_batch,
         "max_tokens_per_micro_batch": config.data.max_tokens if token_budget else None,
-        "accumulation_steps": config.accumulation.steps,
+        "accumulation_steps": "auto" if config.data.micro_batch_size == "auto" else (
+            None if micro_batch is None else config.data.global_batch_size // (world_size * micro_batch)),
         "epochs": config.schedule.epochs,
         "max_steps": config.schedule.max_steps,
         "run_dir": str(config.run_dir),

@@ -124,6 +124,8 @@ class Runtime:
         self._data_wait_s = 0.0
         self._last_logged_step = 0
         self._run_started = 0.0
+        self.micro_batch_pending = False
+        """``data.micro_batch_size: auto`` not yet settled by trials (see :meth:`set_accumulation_steps`)."""
 
     @classmethod
     def from_config(cls, config: Any, context: DistributedContext | None = None, *,
@@ -139,6 +141,11 @@ class Runtime:
             config = load_config(str(config), list(overrides))
         seed_everything(config.seed, config.deterministic)
         runtime = cls._compute_from_config(config, context)
+        if config.data.micro_batch_size is not None:
+            runtime.accumulation_steps = config.with_micro_batch(
+                config.micro_batch_size(runtime.dist.world_size), runtime.dist.world_size).accumulation.steps
+            # auto: the Trainer's trials settle it before anything is prepared.
+            runtime.micro_batch_pending = config.data.micro_batch_size == "auto"
         runtime.config = config
         runtime.seed = config.seed
         runtime.services = RunServices(
@@ -191,12 +198,37 @@ class Runtime:
             prepared.append(item)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
-    def prepare_model(self, model: nn.Module) -> nn.Module:
+    def set_accumulation_steps(self, steps: int) -> None:
+        """Micro-steps per optimizer step, settled after construction (the micro-batch trials)."""
+        if steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {steps}")
+        self.accumulation_steps = steps
+        self.micro_batch_pending = False
+        if self.services is not None:
+            self.services.clock.micro_steps = steps
+            self.services.monitor.accumulation_steps = steps
+
+    def place_model(self, model: nn.Module) -> nn.Module:
+        """Activation checkpointing, the device and the memory format, without wrappers;
+        idempotent, so the model can be measured as it will train before :meth:`prepare`."""
+        if getattr(model, "_skylift_placed", False):
+            return model
         if self._checkpoint_types:
             apply_activation_checkpointing(model, self._checkpoint_types)
         model = model.to(self.device)
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)
+        model._skylift_placed = True
+        return model
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        if self.micro_batch_pending:
+            from skylift.errors import SkyliftConfigError
+
+            raise SkyliftConfigError(
+                "data.micro_batch_size: auto is chosen by skylift's Trainer (skylift run); a hand-written loop "
+                "sets a number: data.micro_batch_size: 16, or accumulation.steps")
+        model = self.place_model(model)
         self._model = model
         self._parameters = [p for p in model.parameters() if p.requires_grad]
         if self.dist.is_distributed:

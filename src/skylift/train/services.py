@@ -88,6 +88,7 @@ class RunServices:
                                      num_nodes=context.num_nodes)
         self.events.add(self.metrics)
         self.monitor = RunMonitor(config, context, self.metrics, device=device, precision=precision)
+        self.monitor.accumulation_steps = micro_steps
         self.events.add(self.monitor)
         if context.is_main and _progress_wanted(config.monitor.progress_bar):
             self.events.add(ProgressBar(self.metrics))

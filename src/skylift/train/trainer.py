@@ -153,17 +153,39 @@ class Trainer:
         pin_memory = self.config.data.pin_memory and runtime.device.type == "cuda"
         if self.config.data.num_workers == "auto":
             self.config = self._start_tuner()
-        config = self.config
-        loaders = build_loaders(config, self.recipe, runtime.dist, pin_memory=pin_memory)
+        if isinstance(self.config.data.micro_batch_size, int):
+            self.config = self.config.with_micro_batch(self.config.data.micro_batch_size, runtime.dist.world_size)
+        loaders = build_loaders(self.config, self.recipe, runtime.dist, pin_memory=pin_memory)
         # Training mode from the first step: from_pretrained (Hugging Face) hands models
         # over in eval mode, which would leave dropout off until the first evaluation.
         model = self.recipe.build_model(loaders.data).train()
+        if self.config.data.micro_batch_size == "auto":
+            loaders = self._choose_micro_batch(model, loaders, pin_memory)
+        config = self.config
         optimizer = build_optimizer(model, config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
         ema = WeightAverage(runtime.unwrap(model), config.optim.ema_decay) if config.optim.ema_decay else None
         # Both loaders come sharded by rank; the loop fetches training batches through the runtime.
         return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, loaders.train, loaders.val, ema)
+
+    def _choose_micro_batch(self, model: nn.Module, loaders: Any, pin_memory: bool) -> Any:
+        """``data.micro_batch_size: auto``: trials on one per-rank batch of real samples,
+        then the loaders again at the chosen size (the datasets are kept)."""
+        from skylift.train.micro_batch import choose_micro_batch
+
+        runtime = self.runtime
+
+        def first_batch() -> Any:
+            loaders.order.set_epoch(0)
+            return next(iter(loaders.train))
+
+        choice = choose_micro_batch(runtime.place_model(model), first_batch, self.recipe.training_loss,
+                                    runtime=runtime, config=self.config, batch_size=self.recipe.batch_size)
+        self.config = self.config.with_micro_batch(choice.micro_batch_size, runtime.dist.world_size)
+        runtime.set_accumulation_steps(choice.accumulation_steps)
+        self.monitor.micro_batch = choice.record()
+        return build_loaders(self.config, self.recipe, runtime.dist, pin_memory=pin_memory, data=loaders.data)
 
     def _start_tuner(self) -> RunConfig:
         """``data.num_workers: auto``: start with the first candidate; the loop tries the rest."""

@@ -164,8 +164,9 @@ def memory_fits_device(facts: Facts) -> Finding | None:
     )
     text = f"about {format_bytes(estimate.total_bytes)} per rank ({parts}) of {format_bytes(capacity)} on {where}"
     fix = (
-        "lower data.global_batch_size or raise accumulation.steps (micro-batch now "
-        f"{job.micro_batch_size}), or set activation_checkpointing.enabled: true"
+        "set data.micro_batch_size: auto (the largest that fits, measured at start), lower "
+        f"data.global_batch_size or raise accumulation.steps (micro-batch now {job.micro_batch_size}), or set "
+        "activation_checkpointing.enabled: true"
     )
     if estimate.total_bytes > capacity:
         return Finding("fail", f"out of memory: {text}", fix)

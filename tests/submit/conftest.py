@@ -19,6 +19,14 @@ IMAGE = "registry.example.com/team/skylift:1.0"
 STORES = {"sagemaker": "s3", "pai": "oss", "tione": "cos", "k8s": "s3", "skypilot": "s3"}
 
 
+@pytest.fixture(autouse=True)
+def jobs_dir(tmp_path, monkeypatch):
+    """Job records that `skylift submit` writes go to this test's own folder, never ~/.skylift."""
+    folder = tmp_path / "skylift-jobs"
+    monkeypatch.setenv("SKYLIFT_JOBS_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture
 def vendor_credentials(monkeypatch):
     """Sentinel credentials for every vendor, and no instance metadata lookups."""
@@ -52,6 +60,7 @@ def make_job(platform: str, *, submit: dict | None = None, run: list[str] | None
         "region": {"sagemaker": "us-east-1", "pai": "cn-hangzhou", "tione": "ap-guangzhou"}.get(platform),
         "sagemaker": {"role_arn": "arn:aws:iam::123456789012:role/SkyliftTraining"},
         "kubernetes": {"cloud": "eks"},
+        "tione": {"cos_keys_from": "image"},
         "gpus_per_node": 8 if platform == "k8s" else None,
     }
     options = parse_submit({**defaults, **(submit or {})}, source="test")

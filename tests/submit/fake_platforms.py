@@ -60,22 +60,57 @@ class FakeDlc:
 
 
 class FakeTione:
-    """TI-ONE: CreateTrainingTask, DescribeTrainingTask, StopTrainingTask, DescribeLogs."""
+    """TI-ONE: CreateTrainingTask, DescribeTrainingTask, StopTrainingTask, DescribeLogs.
 
-    def __init__(self) -> None:
+    ``outcomes[i]`` is how the i-th created task goes after one ``RUNNING`` poll:
+    ``"SUCCEED"``; ``"reclaimed"``: ``FAILED`` with a spot-reclaim reason (TI-ONE
+    documents no wording; this is the Chinese console's kind of text); ``"relaunched"``:
+    ``STARTING`` again with a reclaim message, then ``RUNNING``, then ``SUCCEED``, as a
+    platform that brings the task back itself would. No outcomes: ``RUNNING`` forever.
+    """
+
+    RECLAIM_REASON = "竞价实例被回收"  # "the spot instance was reclaimed"
+    RECLAIM_MESSAGE = "spot instance reclaimed by the system"
+
+    def __init__(self, outcomes: list[str] | None = None) -> None:
+        self.outcomes = outcomes or []
         self.actions: list[tuple[str, dict]] = []
+        self.created: list[dict] = []
+        self.polls: dict[str, int] = {}
         self.server = RecordingServer(self._answer)
 
     def _answer(self, request: Recorded) -> tuple[int, dict]:
         action, body = request.headers["x-tc-action"], request.json()
         self.actions.append((action, body))
-        answers = {
-            "CreateTrainingTask": {"Id": "train-51234"},
-            "DescribeTrainingTask": {"TrainingTaskDetail": {"Id": body.get("Id"), "Status": "RUNNING"}},
-            "StopTrainingTask": {},
-            "DescribeLogs": {"Content": [{"PodName": "train-51234-worker-0", "Message": "step 1 loss 2.30"}]},
-        }
-        return 200, {"Response": {**answers[action], "RequestId": "r"}}
+        if action == "CreateTrainingTask":
+            self.created.append(body)
+            answer = {"Id": f"train-{51233 + len(self.created)}"}
+        elif action == "DescribeTrainingTask":
+            answer = {"TrainingTaskDetail": self._task(body["Id"])}
+        elif action == "StopTrainingTask":
+            answer = {}
+        else:
+            answer = {"Content": [{"PodName": "train-51234-worker-0", "Message": "step 1 loss 2.30"}]}
+        return 200, {"Response": {**answer, "RequestId": "r"}}
+
+    def _task(self, task_id: str) -> dict:
+        polls = self.polls[task_id] = self.polls.get(task_id, 0) + 1
+        index = int(task_id.removeprefix("train-")) - 51234
+        outcome = self.outcomes[index] if index < len(self.outcomes) else "RUNNING"
+        task = {"Id": task_id, "Name": self.created[index]["Name"] if index < len(self.created) else task_id,
+                "Status": "RUNNING"}
+        if polls == 1 or outcome == "RUNNING":
+            return task
+        if outcome == "reclaimed":
+            return {**task, "Status": "FAILED", "FailureReason": self.RECLAIM_REASON, "Message": self.RECLAIM_MESSAGE}
+        if outcome == "relaunched" and polls <= 3:
+            return {**task, "Status": "STARTING" if polls == 2 else "RUNNING",
+                    "Message": f"{self.RECLAIM_MESSAGE}; rescheduling" if polls == 2 else None}
+        return {**task, "Status": "SUCCEED"}
+
+    def creates(self) -> list:
+        """The recorded CreateTrainingTask requests, headers and all."""
+        return [request for request in self.server.requests if request.headers["x-tc-action"] == "CreateTrainingTask"]
 
     @property
     def endpoint(self) -> str:

@@ -16,7 +16,7 @@ PLATFORM_ARGS = {
                   "--set", "submit.sagemaker.role_arn=arn:aws:iam::123456789012:role/SkyliftTraining"],
     "pai": ["--instance", "ecs.gn7i-c8g1.2xlarge", "--region", "cn-hangzhou", "--set", "checkpoint.root=oss://b/ckpt"],
     "tione": ["--instance", "TI.GN7.2XLARGE32.POST", "--region", "ap-guangzhou",
-              "--set", "checkpoint.root=cos://b-1250000000/ckpt"],
+              "--set", "checkpoint.root=cos://b-1250000000/ckpt", "--set", "submit.tione.cos_keys_from=image"],
     "k8s": ["--instance", "p4d.24xlarge", "--gpus-per-node", "8", "--set", "submit.kubernetes.cloud=eks",
             "--set", "checkpoint.root=s3://b/ckpt"],
     "skypilot": ["--instance", "A100:8", "--set", "submit.skypilot.infra=aws", "--set", "checkpoint.root=s3://b/ckpt"],

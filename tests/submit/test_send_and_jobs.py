@@ -84,7 +84,8 @@ def test_tione_submit_then_status_logs_and_stop(vendor_credentials, capsys):
     try:
         job = _submit_job(capsys, "--platform", "tione", "--instance", "TI.GN7.2XLARGE32.POST",
                           "--region", "ap-guangzhou", "--set", "checkpoint.root=cos://bucket-1250000000/ckpt",
-                          "--set", f"submit.tione.endpoint={tione.endpoint}")
+                          "--set", f"submit.tione.endpoint={tione.endpoint}",
+                          "--set", "submit.tione.cos_keys_from=image")
         assert job == "tione:ap-guangzhou:train-51234"
         for action in ("status", "logs", "stop"):
             assert main(["jobs", action, job, "--endpoint", tione.endpoint]) == 0

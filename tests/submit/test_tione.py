@@ -71,3 +71,34 @@ def test_the_sdk_sends_a_signed_request_with_our_body(vendor_credentials):
     assert recorded.headers["authorization"].startswith(f"TC3-HMAC-SHA256 Credential={TENCENT_KEY_ID}/")
     assert TENCENT_SECRET.encode() not in recorded.body
     assert recorded.json() == tione.build(job).body
+
+
+def test_a_cos_checkpoint_root_without_a_key_source_is_refused_naming_the_field_and_the_fix():
+    from skylift.errors import SkyliftConfigError
+
+    with pytest.raises(SkyliftConfigError) as caught:
+        tione.build(make_job("tione", submit={"tione": {}}))
+    message = str(caught.value)
+    assert "submit.tione.cos_keys_from is not set" in message
+    assert "cos://bucket-1250000000/runs/quick" in message and "no role field" in message
+    assert "--set submit.tione.cos_keys_from=image" in message
+
+
+def test_the_cli_refuses_before_sending_and_says_the_next_command(capsys, vendor_credentials):
+    from skylift.cli.main import main
+
+    argv = ["submit", "examples/quickstart.yaml", "--platform", "tione", "--image", "registry.example.com/s:1",
+            "--instance", "TI.GN7.2XLARGE32.POST", "--region", "ap-guangzhou", "--spot",
+            "--set", "checkpoint.root=cos://bucket-1250000000/ckpt", "--set", "submit.tione.endpoint=http://127.0.0.1:9"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "submit.tione.cos_keys_from" in error
+    assert error.rstrip().endswith("--set submit.tione.cos_keys_from=image")
+
+
+def test_with_the_image_as_key_source_the_request_carries_no_key(vendor_credentials):
+    body = tione.build(make_job("tione")).body
+    names = {env["Name"] for env in body["Envs"]}
+    assert names == {"SKYLIFT_PLATFORM", "SKYLIFT_COS_ENDPOINT_URL"}
+    text = json.dumps(body)
+    assert TENCENT_SECRET not in text and TENCENT_KEY_ID not in text

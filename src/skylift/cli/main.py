@@ -22,7 +22,7 @@ COMMANDS = {
     "doctor": ("doctor", "Check this machine (driver, torch build, GPUs, /dev/shm, NCCL) for a job; say what to fix."),
     "dockerfile": ("dockerfile", "Write a Dockerfile (and .dockerignore) for this project that runs skylift run."),
     "submit": ("submit", "Send a run to SageMaker, PAI-DLC, TI-ONE, Kubernetes or SkyPilot (--dry-run prints it)."),
-    "jobs": ("jobs", "Status, logs or stop of a job that skylift submit started."),
+    "jobs": ("jobs", "Status, logs, stop or watch of a job that skylift submit started."),
     "catalog": ("catalog", "Cloud GPU instances with hardware, interconnect and sourced on-demand/spot prices."),
     "bench": ("bench", "Measure a short real run of a config here: speed, step breakdown, memory, MFU, save time."),
     "plan": ("plan", "Rank instances x count x spot for a job by predicted hours and dollars, from a bench."),

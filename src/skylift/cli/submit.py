@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from skylift.cli.options import add_config_arguments
 from skylift.submit.base import MODULES
@@ -23,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the exact request (secrets redacted); send nothing")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--watch", action="store_true",
-                        help="follow the job; resubmit it after a spot reclaim the platform does not relaunch")
+                        help="follow the job; resubmit it after a spot reclaim the platform does not relaunch "
+                             "(later, from another terminal: skylift jobs watch JOB)")
     parser.add_argument("--max-resubmits", type=int, default=None, metavar="N",
                         help="--watch: resubmissions after reclaims (default submit.max_resubmits, 3)")
 
@@ -37,23 +40,38 @@ def execute(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from skylift.submit.base import platform_module
     from skylift.submit.output import print_request, print_submitted
-    from skylift.submit.spec import job_spec_from, load_run_and_submit, with_flags
+    from skylift.submit.spec import job_from_inputs
 
-    config, options = load_run_and_submit(args.config, args.overrides)
-    options = with_flags(options, image=args.image, instance_type=args.instance, instance_count=args.count,
-                         gpus_per_node=args.gpus_per_node, spot=args.spot, region=args.region,
-                         max_resubmits=args.max_resubmits)
-    run_overrides = [item for item in args.overrides if not item.startswith("submit.")]
-    job = job_spec_from(config, options, args.config, run_overrides)
+    flags = {"image": args.image, "instance_type": args.instance, "instance_count": args.count,
+             "gpus_per_node": args.gpus_per_node, "spot": args.spot, "region": args.region,
+             "max_resubmits": args.max_resubmits}
+    job = job_from_inputs(args.config, args.overrides, flags)
     platform = platform_module(args.platform)
     request = platform.build(job)
     if args.dry_run:
         print_request(request, as_json=args.json)
         return 0
-    ref = platform.send(request, options)
-    print_submitted(request, ref, as_json=args.json)
+    ref = platform.send(request, job.options)
+    from skylift.submit import records
+
+    record = records.new_record(job, ref, config_path=args.config, overrides=args.overrides, flags=flags)
+    saved = _save(record, ref)
+    print_submitted(request, ref, as_json=args.json, record=saved)
     if not args.watch:
         return 0
     from skylift.submit.watch import watch
 
-    return watch(platform, job, ref)
+    return watch(platform, job, ref, record=record if saved else None)
+
+
+def _save(record, ref) -> Path | None:
+    """Write the job's local record for ``skylift jobs watch``; failing costs only that."""
+    from skylift.submit import records
+
+    try:
+        return records.save(record)
+    except OSError as error:
+        print(f"skylift submit: could not write the job record under {records.jobs_dir()} ({error}); "
+              f"`skylift jobs watch {ref}` will follow it by status only (set {records.JOBS_DIR_VARIABLE} "
+              "to a writable folder)", file=sys.stderr)
+        return None

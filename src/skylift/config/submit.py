@@ -86,6 +86,14 @@ class TioneOptions(_Section):
     image_type: Literal["CUSTOM", "TCR", "CCR"] = "CUSTOM"
     """``ImageInfo.ImageType`` of ``image``: ``CCR``/``TCR`` for Tencent's registries."""
 
+    cos_keys_from: Literal["image"] | None = None
+    """Where ``skylift run`` inside the task gets the keys for the COS checkpoint root
+    (it signs with boto3's credential chain). TI-ONE documents none for a training
+    container (``CreateTrainingTask`` has no role field) and skylift puts no key in the
+    request, so say it: ``image``: the image supplies them (an AWS config whose
+    ``credential_process`` prints temporary keys, or ``AWS_CONFIG_FILE`` in
+    ``submit.envs`` naming a file on a mounted volume). ``null``: submit refuses."""
+
     endpoint: str | None = None
     """TI-ONE API host; ``null``: ``tione.tencentcloudapi.com``."""
 
@@ -159,11 +167,12 @@ class SubmitConfig(_Section):
     least ``max_runtime_s``); ``null``: twice ``max_runtime_s``."""
 
     max_resubmits: int = Field(default=3, ge=0)
-    """``skylift submit --watch``: new jobs submitted after a spot reclaim that the
-    platform does not relaunch itself (PAI-DLC general compute, TI-ONE)."""
+    """``skylift submit --watch`` and ``skylift jobs watch``: new jobs submitted after a
+    spot reclaim that the platform does not relaunch itself (PAI-DLC general compute,
+    TI-ONE), counted across both commands through the job's local record."""
 
     poll_interval_s: float = Field(default=30.0, gt=0.0)
-    """``--watch``: seconds between status checks."""
+    """``--watch`` and ``jobs watch``: seconds between status checks."""
 
     envs: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the job (values of secret-looking names are

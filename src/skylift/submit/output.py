@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -45,12 +46,16 @@ def print_request(request: SubmitRequest, *, as_json: bool) -> None:
         print(json.dumps(document["request"], indent=2))
 
 
-def print_submitted(request: SubmitRequest, ref: JobRef, *, as_json: bool) -> None:
+def print_submitted(request: SubmitRequest, ref: JobRef, *, as_json: bool, record: Path | None = None) -> None:
+    """The accepted job; ``record`` is its local record for ``skylift jobs watch``, if written."""
     if as_json:
-        print(json.dumps({**request_document(request), "sent": True, "job": str(ref)}, indent=2))
+        print(json.dumps({**request_document(request), "sent": True, "job": str(ref),
+                          "record": str(record) if record else None}, indent=2))
         return
     print(f"skylift submit: {MODULES[request.platform][1]} accepted {request.operation}; job {ref}")
     print(f"  follow it with: skylift jobs status {ref}   (logs: skylift jobs logs {ref})")
+    if record is not None:
+        print(f"  watch it later, resubmitting after a spot reclaim: skylift jobs watch {ref}   (record {record})")
 
 
 def print_status(status: JobStatus, *, as_json: bool) -> None:

@@ -23,6 +23,8 @@ from skylift.config.submit import SubmitConfig
 
 __all__ = [
     "JobSpec",
+    "endpoint_for",
+    "job_from_inputs",
     "job_spec_from",
     "load_run_and_submit",
     "object_store_url",
@@ -108,6 +110,24 @@ def with_flags(options: SubmitConfig, **flags: Any) -> SubmitConfig:
     """``options`` with each flag that was given (not ``None``) replacing its field, validated."""
     given = {name: value for name, value in flags.items() if value is not None}
     return parse_submit({**options.model_dump(exclude_unset=True), **given}, source="the command line")
+
+
+def endpoint_for(options: SubmitConfig, platform: str) -> str | None:
+    """The endpoint (Kubernetes: kube context) ``submit`` used, for the follow-up calls."""
+    return {"sagemaker": options.sagemaker.endpoint_url, "pai": options.pai.endpoint,
+            "tione": options.tione.endpoint, "k8s": options.kubernetes.context}.get(platform)
+
+
+def job_from_inputs(config_path: str, overrides: list[str] | tuple[str, ...], flags: dict[str, Any],
+                    config_argument: str | None = None) -> JobSpec:
+    """The job ``skylift submit CONFIG --set ... FLAGS`` makes: the config at
+    ``config_path`` with ``overrides``, then the flags (``with_flags`` names);
+    ``config_argument`` is the path the command inside the image names (default
+    ``config_path``)."""
+    config, options = load_run_and_submit(config_path, list(overrides))
+    options = with_flags(options, **flags)
+    run_overrides = [item for item in overrides if not item.startswith("submit.")]
+    return job_spec_from(config, options, config_argument or config_path, run_overrides)
 
 
 def job_spec_from(config: Any, options: SubmitConfig, config_path: str, run_overrides: list[str],

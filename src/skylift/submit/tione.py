@@ -1,12 +1,18 @@
 """Tencent Cloud TI-ONE: ``CreateTrainingTask`` (``TrainingMode: DDP``) through the
 official ``tencentcloud-sdk-python-tione`` SDK (extra ``tione``).
 
-Data comes from COS through ``DataConfigs`` (mapped under ``/opt/ml/input/data``);
-checkpoints go to the COS root itself through skylift's S3-compatible store. TI-ONE
-sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` (nodes), ``RANK`` and
+Data comes from COS through ``DataConfigs`` (mapped under ``/opt/ml/input/data``, by
+TI-ONE's own service role); checkpoints go to the COS root itself through skylift's
+S3-compatible store, which needs keys inside the container. TI-ONE documents no way a
+training container gets them (the request has no role field, and an ``Envs`` value
+marked ``IsPrivate`` is still a key sent in the request), and skylift puts no key in a
+request, so ``submit.tione.cos_keys_from`` must name the source or submit refuses.
+
+TI-ONE sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` (nodes), ``RANK`` and
 ``GPU_NUM_PER_NODE`` on each node (https://cloud.tencent.com/document/product/851/103087).
-No public document says a reclaimed ``SPOT`` task is restarted, so ``--watch``
-resubmits one that failed for that reason.
+No public document says what a reclaimed ``SPOT`` task reports or that TI-ONE restarts
+it: ``--watch`` resubmits a task that ended ``FAILED`` with a reclaim in its
+``FailureReason``/``Message``, and only follows one that is still (or again) running.
 """
 
 from __future__ import annotations
@@ -43,6 +49,15 @@ def build(job: JobSpec) -> SubmitRequest:
     if not options.region:
         raise SkyliftConfigError("TI-ONE needs --region, e.g. --region ap-guangzhou")
     checkpoint_uri = object_store_url(job.checkpoint_root, ("cos",), "checkpoint.root", "TI-ONE")
+    if options.tione.cos_keys_from is None:
+        raise SkyliftConfigError(
+            f"submit.tione.cos_keys_from is not set: inside the TI-ONE task skylift writes checkpoints to "
+            f"{checkpoint_uri} itself, with boto3's credential chain, and TI-ONE gives a training container no "
+            "documented COS keys (CreateTrainingTask has no role field); skylift puts none in the request",
+            hint="Give the image a source (an AWS config whose credential_process prints temporary keys, or "
+                 "AWS_CONFIG_FILE in submit.envs naming a file on a mounted volume), then say so: "
+                 f"skylift submit {job.config_path} --platform tione ... --set submit.tione.cos_keys_from=image",
+        )
     data_configs, overrides = _data_configs(job)
     envs = {"SKYLIFT_PLATFORM": "tione", "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
             **job.envs}

@@ -20,6 +20,13 @@ def test_bench_on_the_quickstart_writes_a_valid_measurement(tmp_path):
     assert abs(sum(saved.breakdown_s.values()) - saved.step_time_s) < 1e-9
     assert saved.flops_per_sample and saved.model_bytes and saved.checkpoint_save_s is not None
     assert saved.peak_host_memory_bytes and saved.allreduce_bytes_per_s
+    # Memory traffic from the meta trace; its FLOPs, summed op by op, are the run's own count.
+    assert saved.memory_bytes_per_sample > saved.memory_op_bytes_per_sample > 0
+    from skylift.config import load_config
+    from skylift.plan.traffic import trace_step_traffic
+
+    traced = trace_step_traffic(load_config(str(QUICKSTART)), saved.micro_batch_size, half=False)
+    assert traced.flops_per_sample == saved.flops_per_sample
     assert find_latest(saved.config_fingerprint, tmp_path) == path
     # the run folder itself is a measurement too
     assert Measurement.load(saved.run_dir).config_fingerprint == saved.config_fingerprint

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from skylift.config.schema import RunConfig
 
-__all__ = ["estimate_memory", "sample_shape"]
+__all__ = ["estimate_memory", "meta_model_and_batch", "sample_shape"]
 
 _FP32_BYTES = 4
 _HALF_BYTES = 2
@@ -50,7 +50,7 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
     import torch
 
     try:
-        model, batch, loss = _meta_model_and_batch(config, micro_batch_size)
+        model, batch, loss = meta_model_and_batch(config, micro_batch_size)
     except Exception as error:  # noqa: BLE001 - an unknown model leaves the estimate out, not the report
         return MemoryEstimate(note=f"model not traced: {type(error).__name__}: {error}")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -76,7 +76,7 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
     return estimate
 
 
-def _meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.Module, Any, Any]:
+def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.Module, Any, Any]:
     import torch
 
     from skylift.recipes import build_recipe

@@ -95,8 +95,24 @@ def _measure(request: BenchRequest, resolved: dict, run_dir: Path, *, nproc: int
         measurement.host_memory_bandwidth_bytes_per_s = measure_memory_bandwidth_bytes_per_s()
         if measurement.model_bytes:
             measurement.allreduce_bytes_per_s = measure_allreduce_bytes_per_s(measurement.model_bytes)
-    measurement.notes.append("memory traffic per sample: not measured (no trace of memory operations)")
+    _add_traffic(measurement, resolved)
     return measurement
+
+
+def _add_traffic(measurement: Measurement, resolved: dict) -> None:
+    """Memory traffic per sample from a meta trace of the job's model at its micro-batch."""
+    from skylift.config.schema import RunConfig
+    from skylift.monitor.flops import precision_class
+    from skylift.plan.traffic import trace_step_traffic
+
+    half = precision_class(measurement.precision) == "half"
+    try:
+        traffic = trace_step_traffic(RunConfig.model_validate(resolved), measurement.micro_batch_size, half=half)
+    except ValueError as error:
+        measurement.notes.append(f"memory traffic per sample: not traced ({error})")
+        return
+    measurement.memory_bytes_per_sample = traffic.bytes_per_sample
+    measurement.memory_op_bytes_per_sample = traffic.memory_op_bytes_per_sample
 
 
 def _bench_overrides(request: BenchRequest, resolved: dict, run_dir: Path) -> list[str]:

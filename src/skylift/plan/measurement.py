@@ -76,7 +76,12 @@ class Measurement(BaseModel):
     mfu: float | None
     """Model FLOPs utilisation of the measured steps (0..1)."""
     memory_bytes_per_sample: float | None = None
-    """Device memory traffic per sample, where a trace gives it; ``None`` otherwise."""
+    """Memory traffic of forward + backward per sample: the tensors every op reads and
+    writes, traced on meta (an unfused upper bound, :mod:`skylift.plan.traffic`);
+    ``None`` where the model could not be traced."""
+    memory_op_bytes_per_sample: float | None = None
+    """The part of ``memory_bytes_per_sample`` moved by ops without FLOPs (elementwise,
+    norms, pooling): the bandwidth-bound share of the step."""
     model_bytes: int | None
     """Bytes of the model's weights (the gradient all-reduce moves this much per step)."""
     peak_device_memory_bytes: int | None

@@ -2,7 +2,9 @@
 
 The measured step is split into parts that scale with different resources::
 
-    step = compute            forward_backward x samples ratio x (peak here / peak there)
+    step = compute            forward_backward x samples ratio x [(1 - s) x peak here / peak there
+                                                                  + s x bandwidth here / bandwidth there]
+                              (s: the share of bandwidth-bound ops, from the traced memory traffic)
          + memory-bound       optimizer x (memory bandwidth here / there)
          + input pipeline     (data_wait + host_to_device) x samples ratio [x vCPU ratio with workers]
          + communication      ring all-reduce of the model's bytes: NVLink/PCIe inside a node,
@@ -114,8 +116,29 @@ def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int,
                                f"({_efficiency_here(m):.1%} of peak); a {target.device} reaches a different "
                                "share: bench on one, or pass --efficiency")  # fmt: skip
         peak_here = m.peak_flops_per_s or target.peak_flops_per_s
-        return measured_s * samples_ratio * peak_here / target.peak_flops_per_s
-    return m.flops_per_sample * batch / target.world_size / (target.peak_flops_per_s * target.efficiency)
+        compute_scale = peak_here / target.peak_flops_per_s
+        share = _memory_op_share(m)
+        if share is None or not target.memory_bandwidth_bytes_per_s:
+            assumptions.append(f"{target.name}: forward/backward scaled by peak FLOP/s alone (no traced memory "
+                               "traffic or bandwidth to split off the bandwidth-bound ops)")  # fmt: skip
+            return measured_s * samples_ratio * compute_scale
+        bandwidth_scale = (_bandwidth_here(m) or 0.0) / target.memory_bandwidth_bytes_per_s
+        return measured_s * samples_ratio * ((1.0 - share) * compute_scale + share * bandwidth_scale)
+    compute_s = m.flops_per_sample * batch / target.world_size / (target.peak_flops_per_s * target.efficiency)
+    if m.memory_op_bytes_per_sample and target.memory_bandwidth_bytes_per_s:
+        compute_s += m.memory_op_bytes_per_sample * batch / target.world_size / target.memory_bandwidth_bytes_per_s
+    return compute_s
+
+
+def _memory_op_share(m: Measurement) -> float | None:
+    """Share of the measured forward/backward the bandwidth-bound ops take, by the
+    two-class roofline of the traced step: their bytes over this machine's bandwidth
+    against the compute ops' FLOPs over its peak."""
+    bandwidth = _bandwidth_here(m)
+    if not (m.memory_op_bytes_per_sample and m.flops_per_sample and m.peak_flops_per_s and bandwidth):
+        return None
+    memory_s = m.memory_op_bytes_per_sample / bandwidth
+    return memory_s / (memory_s + m.flops_per_sample / m.peak_flops_per_s)
 
 
 def _efficiency_here(m: Measurement) -> float:

@@ -31,7 +31,7 @@ demo: $(VENV)/.installed-base
 	$(VENV)/bin/skylift run examples/quickstart.yaml
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu" -q --durations=25
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.trainer_overhead

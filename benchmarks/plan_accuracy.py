@@ -49,9 +49,15 @@ def bench(config: str, overrides: list[str], steps: int, folder: Path, **options
                            output_dir=folder, **options)  # fmt: skip
     runs = [run_bench(request)[0] for _ in range(REPEATS)]
     calmest = min(runs, key=lambda run: run.other_load_share or 0.0)
+    # The same config measured twice in fresh processes: an error below this spread
+    # cannot be told from the machine's own variation.
+    speeds = [run.samples_per_s for run in runs]
+    calmest.notes.append(f"repeat spread {max(speeds) / min(speeds) - 1:.4f}")
     if options.get("nproc", 1) > 1:  # the N-process side: its own calmest run
         calmest.scaling = min((run.scaling for run in runs),
                               key=lambda scaling: scaling["measurement_n"]["other_load_share"] or 0.0)  # fmt: skip
+        speeds_n = [run.scaling["samples_per_s_n"] for run in runs]
+        calmest.scaling["measurement_n"]["notes"].append(f"repeat spread {max(speeds_n) / min(speeds_n) - 1:.4f}")
     return calmest
 
 
@@ -79,18 +85,26 @@ def _row(workload: str, change: str, source: Measurement, predicted, measured: M
     return {"workload": workload, "change": change, "predicted_samples_per_s": samples_per_s,
             "measured_samples_per_s": measured.samples_per_s, "error": error,
             "within_target": error is not None and abs(error) <= TARGET_ERROR,
-            "other_load_while_measuring": [source.other_load_share, measured.other_load_share]}  # fmt: skip
+            "other_load_while_measuring": [source.other_load_share, measured.other_load_share],
+            "repeat_spread": [_spread(source), _spread(measured)]}  # fmt: skip
+
+
+def _spread(measurement: Measurement) -> float | None:
+    """Samples/s of the faster of the repeated benches over the slower, minus 1."""
+    found = [note for note in measurement.notes if note.startswith("repeat spread ")]
+    return float(found[-1].split()[-1]) if found else None
 
 
 def render(rows: list[dict]) -> str:
     """A Markdown table of the rows (the README's)."""
-    lines = ["| workload | change | predicted samples/s | measured samples/s | error | others' CPU load (from, measured) |",
-             "|---|---|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| workload | change | predicted samples/s | measured samples/s | error | others' CPU load (from, measured) "
+             "| repeat spread (from, measured) |", "|---|---|---:|---:|---:|---|---|"]  # fmt: skip
     for row in rows:
         mark = "" if row["within_target"] else " (miss)"
         load = " / ".join("?" if share is None else f"{share:.0%}" for share in row["other_load_while_measuring"])
+        spread = " / ".join("?" if value is None else f"{value:.1%}" for value in row.get("repeat_spread", []))
         lines.append(f"| {row['workload']} | {row['change']} | {row['predicted_samples_per_s']:.1f} | "
-                     f"{row['measured_samples_per_s']:.1f} | {row['error']:+.1%}{mark} | {load} |")  # fmt: skip
+                     f"{row['measured_samples_per_s']:.1f} | {row['error']:+.1%}{mark} | {load} | {spread} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -113,3 +113,43 @@ def test_recorded_bench_file_predicts_itself():
     m = Measurement.load(RECORDED)
     prediction = predict_step(m, local_target(m, 1))
     assert prediction.step_time_s == pytest.approx(m.step_time_s)
+
+
+CURVE = {"micro_batch_sizes": [32, 64], "seconds": [0.2, 0.3], "threads": 2, "fixed_s": 0.1, "per_sample_s": 0.003125,
+         "thread_seconds": {"2": 0.3, "1": 0.45}}  # fmt: skip
+"""A probed forward/backward: 0.1 s fixed + 3.125 ms per sample (0.3 s at 64), 1.5x slower on 1 thread."""
+
+
+def test_a_probed_curve_keeps_the_fixed_part_when_the_batch_grows():
+    m = measurement(forward_backward_curve=CURVE)  # the run's own phase is 0.6 s: the curve is scaled by 2
+    prediction = predict_step(m, local_target(m, 1), global_batch_size=256)
+    assert prediction.parts_s["compute"] == pytest.approx((0.1 + 0.003125 * 256) * 0.6 / 0.3)
+
+
+def test_a_probed_thread_count_uses_the_probed_speed_up():
+    m = measurement(forward_backward_curve=CURVE)
+    one_thread = predict_step(m, local_target(m, 1, threads_per_process=1))
+    assert one_thread.parts_s["compute"] == pytest.approx(0.6 * 0.45 / 0.3)
+    # Two processes on the two cores: each takes half the samples on one thread.
+    two = predict_step(m, local_target(m, 2))
+    assert two.parts_s["compute"] == pytest.approx((0.1 + 0.003125 * 32) * 2 * 0.45 / 0.3)
+
+
+def test_a_gpu_target_from_a_cpu_curve_rescales_all_of_it_and_says_so():
+    m = measurement(forward_backward_curve=CURVE)  # no traced traffic: peak FLOP/s alone
+    (row,) = [row for row in load_catalog() if row.instance_type == "g6.xlarge"]
+    target = row_target(row, m, nodes=1, efficiency=None)
+    prediction = predict_step(m, target)
+    assert prediction.parts_s["compute"] == pytest.approx(0.6 * 1e11 / target.peak_flops_per_s)
+    assert any("keeps the efficiency measured on this cpu" in line for line in prediction.assumptions)
+
+
+def test_a_gpu_curve_keeps_its_fixed_part_on_another_gpu():
+    m = measurement(device="cuda", device_name="NVIDIA L4", forward_backward_curve=CURVE)
+    (row,) = [row for row in load_catalog() if row.instance_type == "p4d.24xlarge"]
+    target = row_target(row, m, nodes=1, efficiency=None)
+    prediction = predict_step(m, target, global_batch_size=64 * 8)  # 64 per GPU, as measured
+    fixed = 0.1 * 2  # the curve scaled to the run's 0.6 s phase
+    per_sample = 0.003125 * 64 * 2 * 1e11 / target.peak_flops_per_s
+    assert prediction.parts_s["compute"] == pytest.approx(fixed + per_sample)
+    assert any("launches and dispatch on the host" in line for line in prediction.assumptions)

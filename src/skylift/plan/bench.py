@@ -96,7 +96,24 @@ def _measure(request: BenchRequest, resolved: dict, run_dir: Path, *, nproc: int
         if measurement.model_bytes:
             measurement.allreduce_bytes_per_s = measure_allreduce_bytes_per_s(measurement.model_bytes)
     _add_traffic(measurement, resolved)
+    if nproc == 1:
+        _add_curve(measurement, resolved)
     return measurement
+
+
+def _add_curve(measurement: Measurement, resolved: dict) -> None:
+    """Forward/backward at half the micro-batch and at another thread count (:mod:`skylift.plan.probe`)."""
+    from skylift.config.schema import RunConfig
+    from skylift.plan.probe import probe_forward_backward
+
+    threads = measurement.threads_per_process
+    other = 1 if threads > 1 else (2 if measurement.cpu_count >= 2 and measurement.device == "cpu" else None)
+    try:
+        measurement.forward_backward_curve = probe_forward_backward(
+            RunConfig.model_validate(resolved), measurement.micro_batch_size, threads,
+            other if measurement.device == "cpu" else None)
+    except (ValueError, RuntimeError) as error:
+        measurement.notes.append(f"forward/backward curve: not probed ({error})")
 
 
 def _add_traffic(measurement: Measurement, resolved: dict) -> None:

@@ -82,6 +82,10 @@ class Measurement(BaseModel):
     memory_op_bytes_per_sample: float | None = None
     """The part of ``memory_bytes_per_sample`` moved by ops without FLOPs (elementwise,
     norms, pooling): the bandwidth-bound share of the step."""
+    forward_backward_curve: dict[str, Any] | None = None
+    """Forward + backward of the job's model timed here at two micro-batches and two
+    thread counts (:mod:`skylift.plan.probe`): ``fixed_s`` and ``per_sample_s`` per
+    micro-step, and ``thread_seconds``; ``None`` where it could not be probed."""
     model_bytes: int | None
     """Bytes of the model's weights (the gradient all-reduce moves this much per step)."""
     peak_device_memory_bytes: int | None

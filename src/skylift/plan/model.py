@@ -55,6 +55,8 @@ class Target:
     """Memory of one GPU (``None``: not checked, e.g. this machine's CPU)."""
     efficiency: float | None = None
     """Fraction of peak the compute reaches; ``None``: the efficiency measured here."""
+    threads_per_rank: int | None = None
+    """CPU threads each rank computes with (CPU targets; ``None`` on a GPU)."""
 
     @property
     def world_size(self) -> int:
@@ -91,25 +93,30 @@ def predict_step(measurement: Measurement, target: Target, global_batch_size: in
                               dropped=f"global batch {batch} does not divide by {target.world_size} ranks")  # fmt: skip
     assumptions: list[str] = []
     samples_ratio = (batch / target.world_size) / (m.global_batch_size / m.world_size)
+    fit = _fit(m, target, batch, assumptions)
+    accumulation, micro = (fit[0], fit[1]) if not isinstance(fit, str) else (1, batch // target.world_size)
     parts = {
-        "compute": _compute_s(m, target, samples_ratio, batch, assumptions),
+        "compute": _compute_s(m, target, samples_ratio, batch, assumptions, micro_steps=(accumulation, micro)),
         "memory_bound": _memory_bound_s(m, target, assumptions),
         "input": _input_s(m, target, samples_ratio, assumptions),
         "communication": _communication_s(m, target, assumptions),
         "other": m.breakdown_s.get("other", 0.0) + m.breakdown_s.get("checkpoint", 0.0),
     }
-    fit = _fit(m, target, batch, assumptions)
     if isinstance(fit, str):
         return StepPrediction(step_time_s=None, samples_per_s=None, parts_s=parts, dropped=fit, assumptions=assumptions)
-    accumulation, micro, needed = fit
+    needed = fit[2]
     step_s = sum(parts.values())
     return StepPrediction(step_time_s=step_s, samples_per_s=batch / step_s, parts_s=parts,
                           accumulation_steps=accumulation, micro_batch_size=micro, memory_needed_bytes=needed,
                           assumptions=assumptions)  # fmt: skip
 
 
-def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int, assumptions: list[str]) -> float:
+def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int, assumptions: list[str], *,
+               micro_steps: tuple[int, int]) -> float:
     measured_s = m.breakdown_s.get("forward_backward", 0.0)
+    curve = m.forward_backward_curve
+    if curve and target.efficiency is None:
+        return _compute_from_curve(m, target, measured_s, curve, micro_steps, assumptions)
     if target.efficiency is None or not (m.flops_per_sample and m.peak_flops_per_s):
         if m.device != target.device:
             assumptions.append(f"{target.name}: compute keeps the efficiency measured on this {m.device} "
@@ -128,6 +135,50 @@ def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int,
     if m.memory_op_bytes_per_sample and target.memory_bandwidth_bytes_per_s:
         compute_s += m.memory_op_bytes_per_sample * batch / target.world_size / target.memory_bandwidth_bytes_per_s
     return compute_s
+
+
+def _compute_from_curve(m: Measurement, target: Target, measured_s: float, curve: dict,
+                        micro_steps: tuple[int, int], assumptions: list[str]) -> float:
+    """Forward/backward from the probed curves: a fixed time per micro-step plus a time
+    per sample (both scaled so they add up to the run's own measured phase). This CPU at
+    other threads: the probed thread speed-up. Another GPU: the per-sample part re-timed
+    by the two-class roofline, the fixed part (launches) kept. CPU to GPU: both re-timed."""
+    fixed_s, per_sample_s = curve["fixed_s"], curve["per_sample_s"]
+    here = m.accumulation_steps * (fixed_s + per_sample_s * m.micro_batch_size)
+    scale = measured_s / here if here > 0 else 0.0
+    accumulation, micro = micro_steps
+    fixed_there = accumulation * fixed_s * scale
+    per_sample_there = accumulation * micro * per_sample_s * scale
+    if target.device == "cpu" and m.device == "cpu":
+        return (fixed_there + per_sample_there) * _thread_factor(m, target, curve, assumptions)
+    share = _memory_op_share(m)
+    compute_scale = (m.peak_flops_per_s or target.peak_flops_per_s) / target.peak_flops_per_s
+    if share is None or not target.memory_bandwidth_bytes_per_s:
+        rescale = compute_scale
+    else:
+        rescale = (1.0 - share) * compute_scale + share * (_bandwidth_here(m) or 0.0) / target.memory_bandwidth_bytes_per_s
+    if m.device != target.device:
+        # On a CPU the curve's fixed part is mostly small-batch inefficiency of the
+        # kernels, not host dispatch: it is compute on a GPU too, scaled like the rest.
+        assumptions.append(f"{target.name}: forward/backward keeps the efficiency measured on this {m.device} "
+                           f"({_efficiency_here(m):.1%} of peak); a {target.device} reaches a different share: bench "
+                           "on one, or pass --efficiency")  # fmt: skip
+        return (fixed_there + per_sample_there) * rescale
+    assumptions.append(f"{target.name}: the fixed part of forward/backward per micro-step "
+                       f"({fixed_s * scale * 1000:.2f} ms: launches and dispatch on the host) is kept as measured")
+    return fixed_there + per_sample_there * rescale
+
+
+def _thread_factor(m: Measurement, target: Target, curve: dict, assumptions: list[str]) -> float:
+    """Time at the target's threads over time at the measured ones, as probed; by peak
+    FLOP/s (linear in threads that have a core) for a thread count not probed."""
+    timings = {int(threads): seconds for threads, seconds in curve.get("thread_seconds", {}).items()}
+    here, there = int(curve["threads"]), target.threads_per_rank or int(curve["threads"])
+    if there in timings and here in timings:
+        return timings[there] / timings[here]
+    assumptions.append(f"{target.name}: {there} threads per process were not probed; forward/backward scaled by "
+                       "the CPU's peak FLOP/s")  # fmt: skip
+    return (m.peak_flops_per_s or target.peak_flops_per_s) / target.peak_flops_per_s
 
 
 def _memory_op_share(m: Measurement) -> float | None:

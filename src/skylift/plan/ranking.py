@@ -125,6 +125,7 @@ def local_target(measurement: Measurement, nproc: int, threads_per_process: int 
         peak_flops_per_s=peak_here * usable_threads / threads_here,
         memory_bandwidth_bytes_per_s=bandwidth / nproc if bandwidth else None,
         vcpus_per_rank=m.cpu_count / nproc,
+        threads_per_rank=int(min(threads, m.cpu_count)),
         intra_node_bus_bytes_per_s=m.allreduce_bytes_per_s,
     )
 

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c requirements/constraints.txt
 DEPS := pyproject.toml requirements/constraints.txt
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-skypilot bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,26 @@ install: $(VENV)/.installed-base
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/skylift run examples/quickstart.yaml
 
+# Which tests `make test` runs; CI's second pass leaves out the slow end-to-end ones.
+PYTEST_MARKERS ?= not gpu
+
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -m "not gpu" -q --durations=25
+	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=25
+
+# SkyPilot's own code checks the task YAML `skylift submit --platform skypilot` writes,
+# in a venv of its own (see requirements/test-skypilot.txt for why).
+SKY_VENV ?= .venv-skypilot
+$(SKY_VENV)/.installed: requirements/test-skypilot.txt
+	$(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/python -m pip install --disable-pip-version-check -q -r requirements/test-skypilot.txt
+	touch $@
+
+test-skypilot: $(SKY_VENV)/.installed
+	SKYLIFT_REQUIRE_SKYPILOT=1 PYTHONPATH=src:. $(SKY_VENV)/bin/python -m pytest --noconftest -q \
+		-p no:cacheprovider tests/submit/test_skypilot_real.py
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.trainer_overhead
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SKY_VENV) runs .pytest_cache

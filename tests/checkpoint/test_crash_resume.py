@@ -35,6 +35,7 @@ def _kill_plan(seed: int) -> list[str]:
     return plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, reference, tmp_path, request):
     run_dir = tmp_path / "run"
@@ -54,6 +55,7 @@ def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, referenc
     assert_same_run(run_dir, reference)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_rank_dying_mid_write_keeps_the_previous_commit(reference_ddp, tmp_path):
     run_dir = tmp_path / "run"
@@ -69,6 +71,7 @@ def test_rank_dying_mid_write_keeps_the_previous_commit(reference_ddp, tmp_path)
     assert_same_run(run_dir, reference_ddp)
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_path):
     run_dir = tmp_path / "run"
     assert train(run_dir, "schedule.max_steps=30").returncode == 0
@@ -89,6 +92,7 @@ def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_pa
     assert summary(run_dir)["resumed_from_step"] == 28
 
 
+@pytest.mark.slow
 def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(tmp_path):
     from tests.conftest import REPO_ROOT
 

@@ -325,6 +325,7 @@ def assert_resumes_exactly(run_dir: Path, stopped_at: int, background: Reference
 # -- the cases -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_spot_notice_saves_in_time_exits_143_and_resumes_exactly(cloud, reference, tmp_path):
     run_dir = tmp_path / "run"
@@ -363,6 +364,7 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(reference, tmp_path):
     assert_resumes_exactly(run_dir, stopped_at, reference, nproc=1, env=_environment())
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_sigterm_to_the_launcher_stops_both_ranks_together_and_resumes_exactly(reference_ddp, tmp_path):
     run_dir = tmp_path / "run"

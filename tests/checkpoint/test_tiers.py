@@ -105,6 +105,7 @@ def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path):
     assert "checkpoint.local_root" in result.stderr and "object store" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiered, reference_ddp, tmp_path):
     overrides, env, remote, local = tiered
@@ -189,6 +190,7 @@ def _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path):
     return overrides, env
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_nodes_resume_from_their_local_copies(moto_server, s3_bucket, reference_ddp, tmp_path):
     overrides, env = _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path)
@@ -199,6 +201,7 @@ def test_two_nodes_resume_from_their_local_copies(moto_server, s3_bucket, refere
     assert_same_run(tmp_path / "run-node0", reference_ddp)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_nodes_fall_back_together_when_one_lost_its_disk(moto_server, s3_bucket, reference_ddp, tmp_path):
     """Node 1 comes back as a new VM: step 28 is nowhere for its rank, so both take 21."""

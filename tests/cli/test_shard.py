@@ -59,6 +59,7 @@ def test_bad_jsonl_line_is_named(cli, tmp_path):
     assert not (tmp_path / "out" / "index.json").exists()
 
 
+@pytest.mark.slow
 def test_quickstart_streams_from_shards_and_resumes_exactly(digits_shards, tmp_path):
     dest, _ = digits_shards
     streamed = (f"data.url={dest / 'train'}", f"data.val_url={dest / 'val'}",

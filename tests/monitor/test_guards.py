@@ -93,6 +93,7 @@ def test_a_stalled_process_dumps_every_threads_stack(tmp_path):
 BUDGET = ("monitor.usd_per_hour=360000", "schedule.max_steps=2000", "schedule.epochs=200")
 
 
+@pytest.mark.slow
 def test_budget_guard_checkpoints_exits_3_and_refuses_to_resume_until_raised(tmp_path):
     run_dir = tmp_path / "run"
     stopped = train(run_dir, *BUDGET, "monitor.guards.budget_usd=1")

@@ -35,6 +35,7 @@ def _mlflow_run(tracking_uri: str):
     return client, runs
 
 
+@pytest.mark.slow
 def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -61,6 +62,7 @@ def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_ru
     assert {"summary.json", "report"} <= artifacts
 
 
+@pytest.mark.slow
 def test_mlflow_through_a_real_tracking_server_on_loopback(tmp_path):
     port = free_port()
     server = subprocess.Popen(

@@ -27,6 +27,12 @@ def test_bench_on_the_quickstart_writes_a_valid_measurement(tmp_path):
 
     traced = trace_step_traffic(load_config(str(QUICKSTART)), saved.micro_batch_size, half=False)
     assert traced.flops_per_sample == saved.flops_per_sample
+    # The probed forward/backward curve: two micro-batches, two thread counts, real timings.
+    curve = saved.forward_backward_curve
+    assert curve["micro_batch_sizes"] == [saved.micro_batch_size // 2, saved.micro_batch_size]
+    assert all(seconds > 0 for seconds in curve["seconds"])
+    assert len(curve["thread_seconds"]) == (2 if saved.cpu_count >= 2 else 1)
+    assert curve["fixed_s"] >= 0 and curve["per_sample_s"] >= 0
     assert find_latest(saved.config_fingerprint, tmp_path) == path
     # the run folder itself is a measurement too
     assert Measurement.load(saved.run_dir).config_fingerprint == saved.config_fingerprint

@@ -40,6 +40,7 @@ def _train(project, run_dir, *, env=None):
     return run_cli(*args, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_user_recipe_streams_on_two_processes_and_resumes_exactly_after_a_kill(user_project, tmp_path):
     reference = tmp_path / "reference"

@@ -56,3 +56,18 @@ def test_region_outside_infra_is_refused_with_the_fix():
 
     with pytest.raises(SkyliftConfigError, match="submit.skypilot.infra=aws/us-west-2"):
         skypilot.build(make_job("skypilot", submit={"region": "us-west-2"}))
+
+
+@pytest.mark.parametrize("infra", ["amazon", "aws/", "gcp/us-central1/a/b"])
+def test_an_infra_skypilot_would_refuse_fails_naming_the_field(infra):
+    from skylift.errors import SkyliftConfigError
+
+    with pytest.raises((SkyliftConfigError, ValueError), match="submit.skypilot.infra|not a SkyPilot infra"):
+        make_job("skypilot", submit={"skypilot": {"infra": infra}})
+
+
+def test_the_torch_free_jobs_of_make_test_skypilot_are_the_ones_make_job_builds():
+    from tests.submit.skypilot_jobs import VARIANTS, torch_free_job
+
+    for variant, submit in VARIANTS.items():
+        assert skypilot.build(make_job("skypilot", submit=submit)).body == skypilot.build(torch_free_job(submit)).body, variant

@@ -17,8 +17,9 @@ QUICKSTART = "examples/quickstart.yaml"
 # 128 px synthetic images through the small CNN: each halving of the micro-batch frees
 # hundreds of MiB of activations, far above the tens of MiB the resident set varies by.
 WORKLOAD = ["--set", "data.dataset=synthetic_images", "--set", "data.image_size=128", "--set",
-            "data.num_samples=320", "--set", "schedule.max_steps=3", "--set", "checkpoint.enabled=false",
-            "--set", "precision=fp32", "--set", "schedule.warmup_steps=2", "--set", "monitor.log_every_steps=1"]
+            "data.num_samples=320", "--set", "schedule.max_steps=2", "--set", "checkpoint.enabled=false",
+            "--set", "schedule.warmup_steps=1", "--set", "monitor.log_every_steps=1",
+            "--set", "monitor.report=false", "--set", "monitor.tensorboard=false"]
 
 
 def _records(run_dir) -> list[dict]:
@@ -38,8 +39,9 @@ def _start(records: list[dict]) -> dict:
     return next(record for record in records if record["kind"] == "run_start")
 
 
+@pytest.mark.slow
 def test_auto_under_a_cap_takes_the_largest_fitting_divisor_and_trains_as_that_size(cli, tmp_path):
-    free = _start(_run(cli, tmp_path / "free", "--set", "data.micro_batch_size=auto"))
+    free = _start(_run(cli, tmp_path / "free", "--set", "data.micro_batch_size=auto", "--set", "schedule.max_steps=1"))
     assert free["micro_batch"]["chosen"] == 64 and free["accumulation_steps"] == 1
     (whole,) = free["micro_batch"]["trials"]  # the whole per-rank batch fit: one trial
     cap_bytes = whole["needed_bytes"] - 100 * 2**20

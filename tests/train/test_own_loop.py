@@ -75,6 +75,7 @@ def _kill_plan(seed: int) -> list[str]:
     return [f"step_end:step={first}:rank=1", f"during_payload:step={during}:rank=0", f"step_end:step={late}"]
 
 
+@pytest.mark.slow
 def test_kill9_at_three_points_then_resume_equals_uninterrupted(reference, tmp_path):
     run_dir = tmp_path / "run"
     for point in _kill_plan(seed=12):

@@ -7,6 +7,7 @@ modules of :mod:`skylift.submit` that read it.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -121,10 +122,28 @@ class KubernetesOptions(_Section):
     """kube context to send to; ``null``: the current context."""
 
 
+# SkyPilot 0.14.1's own rule for resources.infra (sky/utils/schemas.py, the resources
+# schema): CLOUD[/REGION[/ZONE]], */REGION[/ZONE] or k8s[/CONTEXT]. Checked here so a
+# typo fails in --dry-run, not at `sky jobs launch` time.
+_SKYPILOT_INFRA = re.compile(
+    r"^(?:(?i:(aws|azure|gcp|ibm|lambda|scp|oci|runpod|vast|vsphere|cudo|fluidstack|paperspace|primeintellect|do"
+    r"|nebius|ssh|slurm|hyperbolic|seeweb|shadeform|yotta|mithril|verda))(?:/[^/]+(?:/[^/]+)?)?"
+    r"|\*(?:/[^/]+(?:/[^/]+)?)?|(?i:kubernetes|k8s)(?:/.+)?)$"
+)
+
+
 class SkyPilotOptions(_Section):
     infra: str | None = None
     """Where SkyPilot may launch: ``aws``, ``gcp/us-central1``, ``k8s/<context>``...;
     ``null``: any enabled cloud."""
+
+    @field_validator("infra")
+    @classmethod
+    def _infra_as_skypilot_reads_it(cls, value: str | None) -> str | None:
+        if value is not None and not _SKYPILOT_INFRA.match(value):
+            raise ValueError(f"{value!r} is not a SkyPilot infra: write CLOUD[/REGION[/ZONE]] (aws, gcp, azure, "
+                             "lambda, runpod, nebius...), */REGION or k8s[/CONTEXT], e.g. aws/us-east-1")
+        return value
 
     disk_size_gib: int | None = Field(default=None, ge=1)
     """Disk per node; ``null``: SkyPilot's default."""

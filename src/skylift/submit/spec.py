@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from skylift.errors import SkyliftConfigError
 from skylift.config.submit import SubmitConfig
+from skylift.errors import SkyliftConfigError
 
 __all__ = [
     "JobSpec",

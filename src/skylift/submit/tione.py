@@ -22,10 +22,10 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
 from skylift.submit.redact import is_secret_name
-from skylift.config.submit import SubmitConfig
 from skylift.submit.spec import JobSpec, object_store_url, parse_store_url
 
 __all__ = ["build", "logs", "send", "status", "stop"]

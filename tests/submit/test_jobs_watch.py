@@ -169,3 +169,16 @@ def test_a_config_that_now_points_elsewhere_is_not_resubmitted(platform, capsys)
 def test_watch_flags_with_another_action_are_refused(capsys):
     assert main(["jobs", "status", "pai:cn-hangzhou:dlc0001", "--max-resubmits", "2"]) == 2
     assert "--max-resubmits only go with watch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("platform", ["pai"], indirect=True)
+def test_watch_json_prints_one_object_per_event(platform, capsys):
+    target = platform(["reclaimed", "succeeded"])
+    _submit(capsys, target)
+    assert main(["jobs", "watch", target.ref(1), "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events and all(set(event) == {"time", "job", "message"} for event in events)
+    assert events[0]["job"] == target.ref(1)
+    assert any(f"resubmitted as {target.ref(2)} (1 of 3)" in event["message"] for event in events)
+    assert events[-1]["message"].endswith("succeeded (Succeeded)")
+

@@ -10,6 +10,8 @@ it follows the status only and says why it cannot resubmit.
 from __future__ import annotations
 
 import argparse
+import json
+import time
 
 from skylift.errors import SkyliftConfigError
 
@@ -25,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", default=None,
                         help="API endpoint to use instead of the vendor's default (Kubernetes: the kube context)")
     parser.add_argument("--lines", type=int, default=200, help="logs: last lines per node (default 200)")
-    parser.add_argument("--json", action="store_true", help="status: machine-readable output")
+    parser.add_argument("--json", action="store_true",
+                        help="status: machine-readable output; watch: one JSON object per event line")
     watch = parser.add_argument_group("watch")
     watch.add_argument("--config", default=None, metavar="PATH",
                        help="the job's config, where it is now (default: the path its record names)")
@@ -76,6 +79,11 @@ def _watch(ref, args: argparse.Namespace) -> int:
         raise SkyliftConfigError(f"--max-resubmits is {args.max_resubmits}; give 0 or more")
     if args.poll_interval_s is not None and args.poll_interval_s <= 0:
         raise SkyliftConfigError(f"--poll-interval-s is {args.poll_interval_s}; give a number of seconds above 0")
+    def say(line: str) -> None:
+        if args.json:  # one object per line, so a machine can follow the watch as it goes
+            print(json.dumps({"time": time.time(), "job": str(ref), "message": redact(line)}), flush=True)
+        else:
+            print(redact(line))
+
     return reconnect(ref, config_path=args.config, overrides=args.overrides, max_resubmits=args.max_resubmits,
-                     poll_interval_s=args.poll_interval_s, endpoint=args.endpoint,
-                     say=lambda line: print(redact(line)))
+                     poll_interval_s=args.poll_interval_s, endpoint=args.endpoint, say=say)

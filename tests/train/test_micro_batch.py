@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from skylift.config import load_config
+from skylift.data.images import EncodedBatch
 from skylift.errors import SkyliftConfigError
 from skylift.train.micro_batch import _largest_fitting, slice_batch
 
@@ -110,30 +110,21 @@ def test_a_hand_written_loop_is_told_to_set_a_number(tmp_path):
         runtime.prepare(torch.nn.Linear(2, 2))
 
 
-@dataclass
-class _Encoded:
-    images: list[bytes]
-    labels: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-
 @pytest.mark.parametrize("batch", [
     (torch.arange(8.0).reshape(8, 1), torch.arange(8)),
     [torch.zeros(8, 3), torch.arange(8)],
     {"input_ids": torch.zeros(8, 4), "labels": torch.arange(8)},
-    _Encoded([bytes([i]) for i in range(8)], torch.arange(8)),
+    EncodedBatch([bytes([i]) for i in range(8)], torch.arange(8)),  # the device-decode path's batch
 ])
 def test_batches_are_cut_field_by_field(batch):
     def size(b):
         if isinstance(b, dict):
             return len(b["labels"])
-        return len(b) if isinstance(b, _Encoded) else len(b[1])
+        return len(b) if isinstance(b, EncodedBatch) else len(b[1])
 
     cut = slice_batch(batch, 3, size)
     assert size(cut) == 3
-    labels = cut["labels"] if isinstance(cut, dict) else (cut.labels if isinstance(cut, _Encoded) else cut[1])
+    labels = cut["labels"] if isinstance(cut, dict) else (cut.labels if isinstance(cut, EncodedBatch) else cut[1])
     assert labels.tolist() == [0, 1, 2]
 
 

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c requirements/constraints.txt
 DEPS := pyproject.toml requirements/constraints.txt
 
-.PHONY: demo test test-skypilot bench install clean
+.PHONY: demo test test-all test-skypilot bench install clean docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,16 +25,29 @@ $(VENV)/.installed-bench: $(VENV)/.installed-base $(DEPS)
 	$(PIP) -e '.[bench]'
 	touch $@
 
+$(VENV)/.installed-docs: $(VENV)/.installed-base $(DEPS)
+	$(PIP) -e '.[docs]'
+	touch $@
+
 install: $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/skylift run examples/quickstart.yaml
 
-# Which tests `make test` runs; CI's second pass leaves out the slow end-to-end ones.
-PYTEST_MARKERS ?= not gpu
+# Two lanes. `make test`, the fast lane a person runs before a commit: every module's unit
+# and integration tests and a small end-to-end set, everything not marked slow. `make
+# test-all`, what CI runs: the slow end-to-end runs too. tests/lanes.py lists each fast-lane
+# test over 10 s and fails one over LANE_FAIL_S, naming the marker to add (0: never, for a
+# pass on slower kernels, where wall time says nothing about the lane).
+PYTEST_MARKERS ?= not gpu and not slow
+LANE_FAIL_S ?= 30
+PYTEST_ARGS ?=
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=25
+	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=15 --lane-fail-s=$(LANE_FAIL_S) $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed-test
+	$(MAKE) --no-print-directory test PYTEST_MARKERS="not gpu"
 
 # SkyPilot's own code checks the task YAML `skylift submit --platform skypilot` writes,
 # in a venv of its own (see requirements/test-skypilot.txt for why).
@@ -50,6 +63,10 @@ test-skypilot: $(SKY_VENV)/.installed
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.trainer_overhead
+
+# The documentation site into site/; --strict: a broken link or a missing page fails.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) $(SKY_VENV) runs .pytest_cache

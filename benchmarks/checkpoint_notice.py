@@ -34,9 +34,9 @@ from benchmarks.checkpoint_targets import Target
 from benchmarks.checkpoint_workload import BATCH_SIZE, Workload
 from skylift.checkpoint.session import Checkpointing, TrainingObjects
 from skylift.config.schema import CheckpointConfig, PreemptionConfig
-from skylift.train.agreement import StepAgreement, StopReason
-from skylift.train.distributed import DistributedContext
-from skylift.train.events import TrainState
+from skylift.loop.agreement import StepAgreement, StopReason
+from skylift.loop.distributed import DistributedContext
+from skylift.loop.events import TrainState
 from skylift.train.preemption import PreemptionWatch
 from tests.cloud.metadata_server import MetadataServer
 

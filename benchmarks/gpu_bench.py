@@ -6,7 +6,7 @@ section stopped by its limit loses only its unfinished part. Sections (``--secti
 
 ``env``
     torch/CUDA/cuDNN versions, the GPU, its dense peaks from skylift's table
-    (:data:`skylift.monitor.flops.GPU_PEAK_TFLOPS`), ``nvidia-smi`` output (from gpu.sh).
+    (:data:`skylift.machine.gpus.GPU_PEAK_TFLOPS`), ``nvidia-smi`` output (from gpu.sh).
 ``resnet-synthetic``
     torchvision ResNet-50 (random weights, 1,000 classes), one fixed random batch on the
     GPU (``--batch-size`` 256, ``--image-size`` 224), cross-entropy with label smoothing
@@ -735,7 +735,7 @@ def section_env(args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
     import torch
 
     from benchmarks.common import environment
-    from skylift.monitor.flops import gpu_spec
+    from skylift.machine.gpus import gpu_spec
 
     result: dict[str, Any] = {
         "torch": torch.__version__, "cuda": torch.version.cuda,

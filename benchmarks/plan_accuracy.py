@@ -96,7 +96,7 @@ def _spread(measurement: Measurement) -> float | None:
 
 
 def render(rows: list[dict]) -> str:
-    """A Markdown table of the rows (the README's)."""
+    """A Markdown table of the rows (the one in docs/plan.md)."""
     header = ("| workload | change | predicted samples/s | measured samples/s | error | others' CPU load (from, measured) "
               "| repeat spread (from, measured) |")
     lines = [header, "|---|---|---:|---:|---:|---|---|"]

@@ -29,8 +29,8 @@ import torch
 
 from benchmarks.common import Stamp, clock, environment, window_rates
 from skylift.config.load import load_config
+from skylift.loop.events import Callback, TrainState
 from skylift.recipes.text_classification import TextClassification
-from skylift.train.events import Callback, TrainState
 from skylift.train.trainer import Trainer
 
 ARMS = ("fixed", "token_budget")

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.common import Stamp, clock, environment, print_table, summarize, window_rates
 from skylift.config.load import load_config
 from skylift.data.datasets import synthetic_images
-from skylift.train.events import Callback, TrainState
+from skylift.loop.events import Callback, TrainState
 from skylift.train.precision import DeviceInfo
 from skylift.train.trainer import Trainer
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ["tests.lanes"]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
 NETGUARD_DIR = REPO_ROOT / "tests" / "netguard"
@@ -89,6 +91,35 @@ def run_cli(*args: str, timeout_s: float = 300, env: dict[str, str] | None = Non
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def cli_here(capsys, monkeypatch):
+    """``skylift ARGS`` in this process, returned like ``cli``'s ``CompletedProcess``.
+
+    For checks of what a command says and returns (a config error's exit 2 and message, a
+    dry run's plan, what ``shard`` writes): there a process start is not under test, and a
+    Python start with torch costs seconds. Tests of a real process boundary (torchrun
+    workers, SIGKILL, the environment read at start-up) keep ``cli``'s subprocess.
+    ``env`` is set for the call only.
+    """
+    from skylift.cli.main import main
+
+    monkeypatch.chdir(REPO_ROOT)  # as `cli` runs from the repository root
+
+    def call(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as scoped:
+            for name, value in (env or {}).items():
+                scoped.setenv(name, value)
+            capsys.readouterr()
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:  # argparse's own usage errors
+                code = exit_.code
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["skylift", *args], code, out, err)
+
+    return call
 
 
 @pytest.fixture(scope="session")

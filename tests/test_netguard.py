@@ -113,7 +113,8 @@ print(json.dumps({"outcomes": outcomes, "recorded": [c[0] for c in skylift_netgu
 def test_a_child_process_is_guarded_and_its_refusals_are_recorded(tmp_path):
     """A process started by a test gets the guard from PYTHONPATH, before any of its code runs."""
     env = {**os.environ, "SKYLIFT_NETGUARD_LOG": str(tmp_path), "SKYLIFT_NETGUARD_RECORD_ONLY": "1",
-           "AWS_ACCESS_KEY_ID": "sentinel-key", "AWS_SECRET_ACCESS_KEY": "sentinel-secret"}
+           "AWS_ACCESS_KEY_ID": "sentinel-key", "AWS_SECRET_ACCESS_KEY": "sentinel-secret",
+           "AWS_MAX_ATTEMPTS": "1"}  # one refused attempt is the claim; botocore's retries only sleep
     env.pop("AWS_ENDPOINT_URL", None)
     assert str(NETGUARD_DIR) in env["PYTHONPATH"].split(os.pathsep)
     result = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO_ROOT, env=env, capture_output=True, text=True,

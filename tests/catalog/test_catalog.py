@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from skylift.catalog import InstanceRow, filter_rows, load_catalog
 from skylift.cli.main import main
 from skylift.errors import SkyliftConfigError
-from skylift.monitor.flops import gpu_spec
+from skylift.machine.gpus import gpu_spec
 
 GUIDE_INSTANCES = ("ml.p3.16xlarge", "ecs.gn6i-c8g1.2xlarge", "GN7.8XLARGE32")
 

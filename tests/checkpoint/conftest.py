@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from skylift.storage import open_store
-from tests.checkpoint.runs import train
+from tests.checkpoint.runs import lean_train
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -20,7 +20,7 @@ def store(request, tmp_path):
 def reference(tmp_path_factory):
     """The uninterrupted single-process run that killed-and-resumed runs must equal."""
     run_dir = tmp_path_factory.mktemp("reference")
-    result = train(run_dir)
+    result = lean_train(run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -29,6 +29,6 @@ def reference(tmp_path_factory):
 def reference_ddp(tmp_path_factory):
     """The same, on two processes (DDP over gloo)."""
     run_dir = tmp_path_factory.mktemp("reference-ddp")
-    result = train(run_dir, nproc=2)
+    result = lean_train(run_dir, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir

@@ -15,7 +15,7 @@ import pytest
 
 from skylift.checkpoint.manifest import committed_steps, read_manifest, read_verified
 from skylift.storage import open_store
-from tests.checkpoint.runs import assert_same_run, records, summary, train
+from tests.checkpoint.runs import LEAN, assert_same_run, lean_train, records, summary
 from tests.servers import FaultyProxy
 
 KILLED = -9
@@ -47,9 +47,9 @@ def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, referenc
         env = {"SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url}
     plan = _kill_plan(seed=len(backend))
     for point in plan:
-        result = train(run_dir, *overrides, env={**env, "SKYLIFT_FAULT_INJECTION": point})
+        result = lean_train(run_dir, *overrides, env={**env, "SKYLIFT_FAULT_INJECTION": point})
         assert result.returncode == KILLED, f"{point} did not kill the run:\n{result.stderr[-2000:]}"
-    final = train(run_dir, *overrides, env=env)
+    final = lean_train(run_dir, *overrides, env=env)
     assert final.returncode == 0, final.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] is not None
     assert_same_run(run_dir, reference)
@@ -59,12 +59,12 @@ def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, referenc
 @pytest.mark.multiprocess
 def test_rank_dying_mid_write_keeps_the_previous_commit(reference_ddp, tmp_path):
     run_dir = tmp_path / "run"
-    crashed = train(run_dir, "preemption.grace_s=5", nproc=2,
-                    env={"SKYLIFT_FAULT_INJECTION": "after_payload:step=14:rank=1"})
+    crashed = lean_train(run_dir, "preemption.grace_s=5", nproc=2,
+                         env={"SKYLIFT_FAULT_INJECTION": "after_payload:step=14:rank=1"})
     assert crashed.returncode != 0
     store = open_store(str(run_dir / "checkpoints"))
     assert committed_steps(store) == [7], "the torn step-14 must not be committed"
-    resumed = train(run_dir, nproc=2)
+    resumed = lean_train(run_dir, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 7
     assert summary(run_dir)["replicas_agree"] is True
@@ -74,7 +74,7 @@ def test_rank_dying_mid_write_keeps_the_previous_commit(reference_ddp, tmp_path)
 @pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_path):
     run_dir = tmp_path / "run"
-    assert train(run_dir, "schedule.max_steps=30").returncode == 0
+    assert lean_train(run_dir, "schedule.max_steps=30").returncode == 0
     store = open_store(str(run_dir / "checkpoints"))
     assert committed_steps(store)[-2:] == [28, 30]
     model_file = run_dir / "checkpoints" / "step-30" / "model.safetensors"
@@ -82,11 +82,11 @@ def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_pa
     data[-5] ^= 0x01
     model_file.write_bytes(bytes(data))
 
-    explicit = train(run_dir, "schedule.max_steps=40", f"checkpoint.resume={run_dir / 'checkpoints' / 'step-30'}")
+    explicit = lean_train(run_dir, "schedule.max_steps=40", f"checkpoint.resume={run_dir / 'checkpoints' / 'step-30'}")
     assert explicit.returncode == 1
     assert "step-30/model.safetensors does not match the manifest" in explicit.stderr
 
-    auto = train(run_dir, "schedule.max_steps=40")
+    auto = lean_train(run_dir, "schedule.max_steps=40")
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert "skipping checkpoint" in auto.stderr and "step-30" in auto.stderr
     assert summary(run_dir)["resumed_from_step"] == 28
@@ -103,7 +103,8 @@ def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     root = tmp_path / "shared-root"
     args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--set", f"checkpoint.root={root}",
-            "--set", "schedule.epochs=400", "--set", "monitor.tensorboard=false"]
+            "--set", "schedule.epochs=400", "--set", "monitor.tensorboard=false", "--no-doctor"]
+    args += [arg for override in LEAN for arg in ("--set", override)]
     first = subprocess.Popen([*args, "--set", f"run_dir={first_dir}"], cwd=REPO_ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -130,6 +131,7 @@ def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(
     assert "taking over a stale lease" in third.stderr
 
 
+@pytest.mark.slow
 def test_s3_faults_and_a_server_restart_mid_run_lose_nothing(reference, moto_server, s3_bucket, tmp_path):
     proxy = FaultyProxy(moto_server.port)
     run_dir = tmp_path / "run"
@@ -149,8 +151,8 @@ def test_s3_faults_and_a_server_restart_mid_run_lose_nothing(reference, moto_ser
     injector = threading.Thread(target=inject, daemon=True)
     injector.start()
     try:
-        result = train(run_dir, f"checkpoint.root=s3://{s3_bucket}/run",
-                       env={"SKYLIFT_S3_ENDPOINT_URL": proxy.endpoint_url})
+        result = lean_train(run_dir, f"checkpoint.root=s3://{s3_bucket}/run",
+                            env={"SKYLIFT_S3_ENDPOINT_URL": proxy.endpoint_url})
         injector.join(timeout=30)
     finally:
         proxy.close()

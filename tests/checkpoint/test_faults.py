@@ -13,7 +13,7 @@ from skylift.checkpoint.state import capture
 from skylift.config import load_config
 from skylift.recipes.image_classification import ImageClassification
 from skylift.storage import open_store
-from tests.checkpoint.runs import records, summary, train
+from tests.checkpoint.runs import lean_train, records, summary, train
 from tests.servers import SENTINEL_KEY_ID, SENTINEL_SECRET, SENTINEL_TOKEN
 
 
@@ -55,7 +55,7 @@ def small_disk(tmp_path):
 def test_disk_full_abandons_the_save_keeps_the_previous_and_continues(small_disk, tmp_path):
     root = small_disk(world_size=1)
     run_dir = tmp_path / "run"
-    result = train(run_dir, f"checkpoint.root={root}", "checkpoint.keep=2", "checkpoint.on_failure=continue")
+    result = lean_train(run_dir, f"checkpoint.root={root}", "checkpoint.keep=2", "checkpoint.on_failure=continue")
     assert result.returncode == 0, result.stderr[-3000:]
     assert committed_steps(open_store(str(root))) == [7, 14]
     failed = [record for record in records(run_dir, "checkpoint") if not record["committed"]]
@@ -69,8 +69,8 @@ def test_disk_full_abandons_the_save_keeps_the_previous_and_continues(small_disk
 def test_disk_full_with_exit_policy_stops_every_rank(small_disk, tmp_path):
     root = small_disk(world_size=2)
     run_dir = tmp_path / "run"
-    result = train(run_dir, f"checkpoint.root={root}", "checkpoint.keep=2", "checkpoint.on_failure=exit",
-                   "checkpoint.async_save=false", nproc=2, timeout_s=240)
+    result = lean_train(run_dir, f"checkpoint.root={root}", "checkpoint.keep=2", "checkpoint.on_failure=exit",
+                        "checkpoint.async_save=false", nproc=2, timeout_s=240)
     assert result.returncode == 1, result.stderr[-3000:]
     assert committed_steps(open_store(str(root))) == [7, 14]
     assert summary(run_dir)["stopped_early"] == "checkpoint save failed"
@@ -81,6 +81,7 @@ def test_disk_full_with_exit_policy_stops_every_rank(small_disk, tmp_path):
 
 
 def test_sentinel_credentials_never_appear_anywhere(moto_server, s3_bucket, tmp_path):
+    # train, not lean_train: the doctor's output and the HTML report are places to leak too.
     sentinels = [SENTINEL_KEY_ID, SENTINEL_SECRET, SENTINEL_TOKEN,
                  f"hf_sentinel_{uuid.uuid4().hex}", f"wandb_sentinel_{uuid.uuid4().hex}"]
     env = {"HF_TOKEN": sentinels[3], "WANDB_API_KEY": sentinels[4], "SKYLIFT_LOG_LEVEL": "DEBUG",

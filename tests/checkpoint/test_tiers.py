@@ -4,15 +4,17 @@ reads each file locally when its copy verifies, else from S3 (a moto server on 1
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from skylift.checkpoint.manifest import committed_steps
 from skylift.storage import open_store
-from tests.checkpoint.runs import assert_same_run, records, summary, train
+from tests.checkpoint.runs import assert_same_run, lean_train, records, summary
 
 KILLED = -9
+BUCKET = "skylift-test"  # the bucket the s3_bucket fixture makes
 
 
 @pytest.fixture
@@ -25,14 +27,45 @@ def tiered(moto_server, s3_bucket, tmp_path):
     return overrides, env, open_store(url, endpoint_url=moto_server.endpoint_url), local
 
 
-def _killed_at_step_30(tmp_path, tiered):
-    """A run SIGKILLed after step 30; with synchronous saves, step 28 is committed in both places."""
-    overrides, env, _, _ = tiered
-    run_dir = tmp_path / "run"
-    killed = train(run_dir, *overrides, "checkpoint.async_save=false",
-                   env={**env, "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
+def _objects(store) -> dict[str, bytes]:
+    """Every object under a store's root, to put back into a later test's fresh bucket."""
+    return {key: store.read_bytes(key) for key in store.list()}
+
+
+def _fresh_bucket(moto_server) -> None:
+    """What the s3_bucket fixture does, for a module-scoped fixture (which cannot use it)."""
+    moto_server.reset()
+    moto_server.create_bucket(BUCKET)
+
+
+@pytest.fixture(scope="module")
+def killed_at_step_30(moto_server, tmp_path_factory):
+    """A run SIGKILLed after step 30; with synchronous saves, step 28 is committed in both
+    places. Killed once for the module: each test resumes its own copy (:func:`_copy_of`)
+    of the run folder, the node's disk and the root's objects, so what one test breaks
+    (a corrupt file, a lost disk) no other test sees. Returns (folder, root's objects)."""
+    _fresh_bucket(moto_server)
+    folder = tmp_path_factory.mktemp("killed-at-30")
+    url = f"s3://{BUCKET}/run"
+    overrides = [f"checkpoint.root={url}", f"checkpoint.local_root={folder / 'node-disk'}"]
+    killed = lean_train(folder / "run", *overrides, "checkpoint.async_save=false",
+                        env={"SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url,
+                             "SKYLIFT_FAULT_INJECTION": "step_end:step=30"})
     assert killed.returncode == KILLED, killed.stderr[-2000:]
-    return run_dir
+    remote = open_store(url, endpoint_url=moto_server.endpoint_url)
+    assert committed_steps(remote)[-1] == committed_steps(_local_store(folder / "node-disk"))[-1] == 28
+    return folder, _objects(remote)
+
+
+def _copy_of(killed, tiered, tmp_path):
+    """This test's own copy of the killed run: its run folder, node disk and root; returns the run folder."""
+    folder, objects = killed
+    _, _, remote, local = tiered
+    shutil.copytree(folder / "run", tmp_path / "run")
+    shutil.copytree(folder / "node-disk", local)
+    for key, data in objects.items():
+        remote.write_bytes(key, data)
+    return tmp_path / "run"
 
 
 def _local_store(local):
@@ -42,7 +75,7 @@ def _local_store(local):
 
 def test_every_save_commits_locally_and_in_the_root(tiered, tmp_path):
     overrides, env, remote, local = tiered
-    result = train(tmp_path / "run", *overrides, "schedule.max_steps=21", env=env)
+    result = lean_train(tmp_path / "run", *overrides, "schedule.max_steps=21", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     local_store = _local_store(local)
     assert committed_steps(remote) == committed_steps(local_store) == [7, 14, 21]  # keep: 3
@@ -58,27 +91,28 @@ def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, referenc
     """The upload of step 28 is cut short: S3's newest is 21, the node's disk has 28."""
     overrides, env, remote, local = tiered
     run_dir = tmp_path / "run"
-    killed = train(run_dir, *overrides, env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28"})
+    killed = lean_train(run_dir, *overrides, env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28"})
     assert killed.returncode == KILLED, killed.stderr[-2000:]
     assert committed_steps(remote)[-1] == 21
     assert committed_steps(_local_store(local))[-1] == 28
 
-    resumed = train(run_dir, *overrides, env=env)
+    resumed = lean_train(run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert f"6 of 6 files from the local copy {local}" in resumed.stderr
     assert_same_run(run_dir, reference)
 
 
-def test_corrupt_local_file_is_read_from_the_root_instead(tiered, reference, tmp_path):
+@pytest.mark.slow
+def test_corrupt_local_file_is_read_from_the_root_instead(killed_at_step_30, tiered, reference, tmp_path):
     overrides, env, remote, local = tiered
-    run_dir = _killed_at_step_30(tmp_path, tiered)
+    run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)
     model_file = _local_store(local).path("step-28/model.safetensors")
     data = bytearray(model_file.read_bytes())
     data[-3] ^= 0x01
     model_file.write_bytes(bytes(data))
 
-    resumed = train(run_dir, *overrides, env=env)
+    resumed = lean_train(run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert "step-28/model.safetensors does not match the manifest" in resumed.stderr
@@ -86,21 +120,20 @@ def test_corrupt_local_file_is_read_from_the_root_instead(tiered, reference, tmp
     assert_same_run(run_dir, reference)
 
 
-def test_lost_local_disk_resumes_from_the_root(tiered, reference, tmp_path):
-    import shutil
-
+@pytest.mark.slow
+def test_lost_local_disk_resumes_from_the_root(killed_at_step_30, tiered, reference, tmp_path):
     overrides, env, remote, local = tiered
-    run_dir = _killed_at_step_30(tmp_path, tiered)
+    run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)
     shutil.rmtree(local)  # a new VM: the node's disk is gone, S3 is not
 
-    resumed = train(run_dir, *overrides, env=env)
+    resumed = lean_train(run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert_same_run(run_dir, reference)
 
 
 def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path):
-    result = train(tmp_path / "run", f"checkpoint.local_root={tmp_path / 'disk'}")
+    result = lean_train(tmp_path / "run", f"checkpoint.local_root={tmp_path / 'disk'}")
     assert result.returncode == 2
     assert "checkpoint.local_root" in result.stderr and "object store" in result.stderr
 
@@ -110,25 +143,25 @@ def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path):
 def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiered, reference_ddp, tmp_path):
     overrides, env, remote, local = tiered
     run_dir = tmp_path / "run"
-    crashed = train(run_dir, *overrides, "preemption.grace_s=5", nproc=2,
-                    env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28:rank=1"})
+    crashed = lean_train(run_dir, *overrides, "preemption.grace_s=5", nproc=2,
+                         env={**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28:rank=1"})
     assert crashed.returncode != 0
     assert committed_steps(remote)[-1] == 21, "the root never saw step 28's manifest"
     assert committed_steps(_local_store(local))[-1] == 28
 
-    resumed = train(run_dir, *overrides, nproc=2, env=env)
+    resumed = lean_train(run_dir, *overrides, nproc=2, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert summary(run_dir)["replicas_agree"] is True
     assert_same_run(run_dir, reference_ddp)
 
 
-def test_corrupt_local_manifest_is_named_and_the_roots_is_used(tiered, reference, tmp_path):
+def test_corrupt_local_manifest_is_named_and_the_roots_is_used(killed_at_step_30, tiered, reference, tmp_path):
     overrides, env, remote, local = tiered
-    run_dir = _killed_at_step_30(tmp_path, tiered)
+    run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)
     _local_store(local).path("step-28/manifest.json").write_text("{not json")
 
-    resumed = train(run_dir, *overrides, env=env)
+    resumed = lean_train(run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert "used the root's manifest" in resumed.stderr and "step-28/manifest.json" in resumed.stderr
@@ -142,7 +175,7 @@ def _two_nodes(tmp_path, overrides, env, *, timeout_s=300):
     import subprocess
     import sys
 
-    from tests.checkpoint.runs import EXACT
+    from tests.checkpoint.runs import EXACT, LEAN
     from tests.conftest import REPO_ROOT
     from tests.servers import free_port
 
@@ -150,8 +183,8 @@ def _two_nodes(tmp_path, overrides, env, *, timeout_s=300):
     for node in (0, 1):
         args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--json",
                 "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
-                "--master-addr", "127.0.0.2", "--master-port", str(port)]  # fmt: skip
-        for override in (*EXACT, *overrides, f"run_dir={tmp_path / f'run-node{node}'}",
+                "--master-addr", "127.0.0.2", "--master-port", str(port), "--no-doctor"]  # fmt: skip
+        for override in (*EXACT, *LEAN, *overrides, f"run_dir={tmp_path / f'run-node{node}'}",
                          f"checkpoint.local_root={tmp_path / f'disk-node{node}'}"):  # fmt: skip
             args += ["--set", override]
         log = (tmp_path / f"node{node}.log").open("w")  # files: a full pipe would stall a rank
@@ -190,10 +223,33 @@ def _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path):
     return overrides, env
 
 
+@pytest.fixture(scope="module")
+def two_nodes_killed(moto_server, tmp_path_factory):
+    """The two-node crash above, once for the module: (folder, overrides, env, root's objects).
+    Each test resumes its own copy of it (:func:`_two_nodes_copy`)."""
+    _fresh_bucket(moto_server)
+    folder = tmp_path_factory.mktemp("two-nodes-killed")
+    overrides, env = _two_nodes_killed_after_uploading_step_28(moto_server, BUCKET, folder)
+    objects = _objects(open_store(f"s3://{BUCKET}/two-nodes", endpoint_url=moto_server.endpoint_url))
+    return folder, overrides, env, objects
+
+
+def _two_nodes_copy(killed, moto_server, s3_bucket, tmp_path):
+    """Both nodes' run folders and disks, and the root, as the crash left them: (overrides, env)."""
+    folder, overrides, env, objects = killed
+    for name in ("run-node0", "run-node1", "disk-node0", "disk-node1"):
+        if (folder / name).exists():  # node 1 writes no run folder
+            shutil.copytree(folder / name, tmp_path / name)
+    remote = open_store(f"s3://{s3_bucket}/two-nodes", endpoint_url=moto_server.endpoint_url)
+    for key, data in objects.items():
+        remote.write_bytes(key, data)
+    return overrides, env
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_nodes_resume_from_their_local_copies(moto_server, s3_bucket, reference_ddp, tmp_path):
-    overrides, env = _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path)
+def test_two_nodes_resume_from_their_local_copies(two_nodes_killed, moto_server, s3_bucket, reference_ddp, tmp_path):
+    overrides, env = _two_nodes_copy(two_nodes_killed, moto_server, s3_bucket, tmp_path)
     resumed = _two_nodes(tmp_path, overrides, env)
     assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
     assert summary(tmp_path / "run-node0")["resumed_from_step"] == 28
@@ -203,11 +259,10 @@ def test_two_nodes_resume_from_their_local_copies(moto_server, s3_bucket, refere
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_nodes_fall_back_together_when_one_lost_its_disk(moto_server, s3_bucket, reference_ddp, tmp_path):
+def test_two_nodes_fall_back_together_when_one_lost_its_disk(two_nodes_killed, moto_server, s3_bucket, reference_ddp,
+                                                             tmp_path):
     """Node 1 comes back as a new VM: step 28 is nowhere for its rank, so both take 21."""
-    import shutil
-
-    overrides, env = _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path)
+    overrides, env = _two_nodes_copy(two_nodes_killed, moto_server, s3_bucket, tmp_path)
     shutil.rmtree(tmp_path / "disk-node1")
     resumed = _two_nodes(tmp_path, overrides, env)
     assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]

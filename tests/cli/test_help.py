@@ -21,8 +21,8 @@ def test_help_lists_commands_without_importing_torch():
         assert command in result.stdout
 
 
-def test_check_prints_the_resolved_config(cli):
-    result = cli("check", "examples/quickstart.yaml", "--set", "optim.lr=0.5")
+def test_check_prints_the_resolved_config(cli_here):
+    result = cli_here("check", "examples/quickstart.yaml", "--set", "optim.lr=0.5")
     assert result.returncode == 0
     assert "lr: 0.5" in result.stdout
     assert "global_batch_size: 64" in result.stdout

@@ -52,19 +52,19 @@ def test_launch_returns_the_failing_workers_exit_code(cli, script, tmp_path):
     assert "exit code 3" in result.stderr
 
 
-def test_launch_without_a_script_explains(cli):
-    result = cli("launch", "--nproc", "2")
+def test_launch_without_a_script_explains(cli_here):
+    result = cli_here("launch", "--nproc", "2")
     assert result.returncode == 2
     assert "skylift launch --nproc 2 -- python train.py" in result.stderr
 
 
-def test_launch_dry_run_shows_torchrun(cli, script):
-    result = cli("launch", "--nproc", "4", "--dry-run", "--", "python", str(script))
+def test_launch_dry_run_shows_torchrun(cli_here, script):
+    result = cli_here("launch", "--nproc", "4", "--dry-run", "--", "python", str(script))
     assert result.returncode == 0
     assert "--nproc-per-node=4" in result.stdout and str(script) in result.stdout
 
 
-def test_multi_node_needs_an_address_and_port(cli, script):
-    result = cli("launch", "--nproc", "2", "--nnodes", "2", "--", "python", str(script))
+def test_multi_node_needs_an_address_and_port(cli_here, script):
+    result = cli_here("launch", "--nproc", "2", "--nnodes", "2", "--", "python", str(script))
     assert result.returncode == 2
     assert "--master-port is required" in result.stderr

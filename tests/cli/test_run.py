@@ -1,4 +1,4 @@
-"""``skylift run`` end to end, in real processes."""
+"""``skylift run`` end to end: training in real processes, the refusals before any training in this one."""
 
 from __future__ import annotations
 
@@ -20,22 +20,22 @@ def _metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_unknown_key_exits_2_and_suggests(cli):
-    result = cli("run", QUICKSTART, "--set", "optim.learning_rate=0.1")
+def test_unknown_key_exits_2_and_suggests(cli_here):
+    result = cli_here("run", QUICKSTART, "--set", "optim.learning_rate=0.1")
     assert result.returncode == 2
     assert "optim.learning_rate: unknown key" in result.stderr
     assert "Valid keys here:" in result.stderr and "lr" in result.stderr
     assert "skylift check" in result.stderr
 
 
-def test_wrong_type_exits_2(cli):
-    result = cli("run", QUICKSTART, "--set", "data.global_batch_size=lots")
+def test_wrong_type_exits_2(cli_here):
+    result = cli_here("run", QUICKSTART, "--set", "data.global_batch_size=lots")
     assert result.returncode == 2
     assert "data.global_batch_size" in result.stderr and "'lots'" in result.stderr
 
 
-def test_bad_choice_exits_2_with_allowed_values(cli):
-    result = cli("run", QUICKSTART, "--set", "optim.name=lion")
+def test_bad_choice_exits_2_with_allowed_values(cli_here):
+    result = cli_here("run", QUICKSTART, "--set", "optim.name=lion")
     assert result.returncode == 2
     assert "optim.name" in result.stderr and "'adamw'" in result.stderr and "'sgd'" in result.stderr
 
@@ -50,14 +50,14 @@ def test_bf16_on_a_device_without_it_exits_2(cli, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_batch_that_does_not_split_over_processes_exits_2(cli):
-    result = cli("run", QUICKSTART, "--nproc", "2", "--set", "data.global_batch_size=63")
+def test_batch_that_does_not_split_over_processes_exits_2(cli_here):
+    result = cli_here("run", QUICKSTART, "--nproc", "2", "--set", "data.global_batch_size=63")
     assert result.returncode == 2
     assert "data.global_batch_size (63)" in result.stderr
 
 
-def test_dry_run_starts_nothing(cli, tmp_path):
-    result = cli("run", QUICKSTART, "--dry-run", "--json", "--nproc", "2", "--set", f"run_dir={tmp_path / 'run'}")
+def test_dry_run_starts_nothing(cli_here, tmp_path):
+    result = cli_here("run", QUICKSTART, "--dry-run", "--json", "--nproc", "2", "--set", f"run_dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["world_size"] == 2 and plan["micro_batch_size_per_rank"] == 32
@@ -77,6 +77,7 @@ def test_quickstart_learns_and_fills_the_run_folder(cli, tmp_path):
     assert any((run_dir / "tensorboard").iterdir())
     assert (run_dir / "config.yaml").read_text().startswith("run_dir:")
     assert (run_dir / "model.safetensors").stat().st_size > 0
+    assert (run_dir / "report" / "index.html").stat().st_size > 0  # the HTML report, on by default
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 88
 
 
@@ -103,7 +104,10 @@ def test_two_process_ddp_equals_one_process_accumulating_the_same_micro_batches(
     arithmetic bounds that only by Adam's per-step update bound (Kingma & Ba, section
     2.1), which would hold for wrong gradients too, so the test makes the exact claim.
     """
-    common = ["--json", "--set", "precision=fp32", "--set", "schedule.max_steps=25", "--set", "schedule.warmup_steps=5"]
+    # No HTML report or TensorBoard files: neither is compared here, and the report's PNGs
+    # cost each run more than its 25 steps do (test_quickstart_learns_... checks both).
+    common = ["--json", "--set", "precision=fp32", "--set", "schedule.max_steps=25", "--set", "schedule.warmup_steps=5",
+              "--set", "monitor.report=false", "--set", "monitor.tensorboard=false"]
     one_thread = {"OMP_NUM_THREADS": "1"}
     single = _summary(cli("run", QUICKSTART, *common, "--set", "accumulation.steps=2",
                           "--set", f"run_dir={tmp_path / 'one'}", env=one_thread))

@@ -107,3 +107,15 @@ def test_cross_field_error_names_both_fields():
 def test_yaml_off_means_off():
     assert load_config(None, ["preemption.cloud=off"]).preemption.cloud == "off"
     assert load_config(None, ["monitor.progress_bar=off"]).monitor.progress_bar is False
+
+
+def test_check_refuses_a_bad_builtin_recipe_arg_naming_it(capsys):
+    """The schema leaves ``recipe.args`` to the recipe; ``skylift check`` still checks them."""
+    from skylift.cli.main import main
+    from tests.conftest import EXAMPLES
+
+    code = main(["check", str(EXAMPLES / "quickstart.yaml"), "--set", "recipe.args.label_smoothin=0.1"])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert "recipe.args.label_smoothin: unknown key. Did you mean 'recipe.args.label_smoothing'?" in error
+    assert "ImageClassification.Args defines them" in error

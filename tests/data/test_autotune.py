@@ -67,7 +67,8 @@ def test_tuner_tries_each_candidate_then_keeps_the_fastest():
 
 
 def test_trainer_tunes_while_training_without_changing_the_run(tmp_path):
-    common = ["schedule.max_steps=24", "precision=fp32", "data.autotune_s_per_setting=0.05"]
+    # No HTML report: nothing here reads it, and its PNGs cost more than these 24 steps.
+    common = ["schedule.max_steps=24", "precision=fp32", "data.autotune_s_per_setting=0.05", "monitor.report=false"]
     Trainer(monitored_config(tmp_path / "auto", *common, "data.num_workers=auto")).fit()
     Trainer(monitored_config(tmp_path / "fixed", *common, "data.num_workers=0")).fit()
     auto = list(read_records(tmp_path / "auto" / "metrics.jsonl"))

@@ -73,13 +73,17 @@ def _samples(store) -> list[dict[str, bytes]]:
     return [sample for shard in read_index(store).shards for sample in read_shard_samples(store.read_bytes(shard.name))]
 
 
-def test_an_s3_image_folder_round_trips_every_image(cli, moto_server, s3_bucket):
+def test_an_s3_image_folder_round_trips_every_image(moto_server, s3_bucket, capsys):
     source = _upload(moto_server, s3_bucket, "imagenet/train", TREE)
     dest = f"s3://{s3_bucket}/imagenet-shards/train"
     endpoint = ("--endpoint-url", moto_server.endpoint_url)  # source and destination alike
-    result = cli("shard", source, dest, *SMALL_SHARDS, "--workers", "4", *endpoint, "--json")
-    assert result.returncode == 0, result.stderr
-    [output] = json.loads(result.stdout)
+    # In this process: what `shard` writes and prints is under test, not a process start
+    # (the killed run below is a real process).
+    capsys.readouterr()
+    code = main(["shard", source, dest, *SMALL_SHARDS, "--workers", "4", *endpoint, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    [output] = json.loads(out)
     store = open_store(dest, endpoint_url=moto_server.endpoint_url)
     index = read_index(store)
     assert output == {"dest": dest, "samples": 30, "shards": len(index.shards), "reused_shards": 0,
@@ -130,7 +134,7 @@ class HoldingProxy(FaultyProxy):
         return super().take_fault(method, path)
 
 
-def test_a_killed_run_resumes_keeping_the_shards_it_wrote(cli, moto_server, s3_bucket, tmp_path, capsys):
+def test_a_killed_run_resumes_keeping_the_shards_it_wrote(moto_server, s3_bucket, tmp_path, capsys):
     source = _upload(moto_server, s3_bucket, "imagenet/train", TREE)
     reference = f"s3://{s3_bucket}/reference"
     assert main(["shard", source, reference, *SMALL_SHARDS, "--endpoint-url", moto_server.endpoint_url, "--json"]) == 0
@@ -159,9 +163,11 @@ def test_a_killed_run_resumes_keeping_the_shards_it_wrote(cli, moto_server, s3_b
 
     store = open_store(dest, endpoint_url=moto_server.endpoint_url)
     assert store.list() == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]  # no index: not done
-    rerun = cli("shard", source, dest, *SMALL_SHARDS, "--endpoint-url", moto_server.endpoint_url)
-    assert rerun.returncode == 0, rerun.stderr
-    assert f"{dest}: 30 samples in " in rerun.stdout and "; 3 already there)" in rerun.stdout
+    capsys.readouterr()
+    code = main(["shard", source, dest, *SMALL_SHARDS, "--endpoint-url", moto_server.endpoint_url])  # the rerun
+    rerun = capsys.readouterr()
+    assert code == 0, rerun.err
+    assert f"{dest}: 30 samples in " in rerun.out and "; 3 already there)" in rerun.out
     assert store.read_bytes("index.json") == expected_index
 
 

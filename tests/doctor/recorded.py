@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from skylift.doctor.facts import Facts
-from skylift.doctor.verdicts import Verdict, evaluate
+from skylift.doctor.rules import evaluate
+from skylift.doctor.verdicts import Verdict
+from skylift.machine.facts import Facts
 
 FACTS_DIR = Path(__file__).parent / "facts"
 NAMES = sorted(path.stem for path in FACTS_DIR.glob("*.json"))

@@ -6,7 +6,7 @@ import typing
 
 from pydantic import BaseModel
 
-from skylift.doctor.facts import Facts
+from skylift.machine.facts import Facts
 
 REPORT_KEYS = ["exit_code", "facts", "schema_version", "skylift_version", "summary", "verdicts"]
 VERDICT_KEYS = ["fix", "reason", "rule", "status"]

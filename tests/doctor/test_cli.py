@@ -30,24 +30,24 @@ def test_doctor_runs_here_in_seconds_and_says_nvml_is_missing():
     assert result.stdout.splitlines()[-1].endswith("exit 0")
 
 
-def test_doctor_json_is_the_documented_schema():
-    result = run_cli("doctor", "--json", "--config", "examples/quickstart.yaml")
+def test_doctor_json_is_the_documented_schema(cli_here):
+    result = cli_here("doctor", "--json", "--config", "examples/quickstart.yaml")
     report = json.loads(result.stdout)
     assert result.returncode == report["exit_code"] == 0
     assert report["schema_version"] == 1 and report["facts"]["job"]["config_path"] == "examples/quickstart.yaml"
     assert report["facts"]["driver"]["nvml"] is False
 
 
-def test_a_socket_ifname_naming_a_missing_interface_fails_with_exit_1():
-    result = run_cli("doctor", env={"NCCL_SOCKET_IFNAME": "skylift-missing0"})
+def test_a_socket_ifname_naming_a_missing_interface_fails_with_exit_1(cli_here):
+    result = cli_here("doctor", env={"NCCL_SOCKET_IFNAME": "skylift-missing0"})
     assert result.returncode == 1
     assert "FAIL  nccl-socket-ifname" in result.stdout and "fix: export NCCL_SOCKET_IFNAME=" in result.stdout
 
 
-def test_a_bad_config_is_exit_2_naming_the_field(tmp_path):
+def test_a_bad_config_is_exit_2_naming_the_field(cli_here, tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("data: {num_workerz: 2}\n")
-    result = run_cli("doctor", "--config", str(config))
+    result = cli_here("doctor", "--config", str(config))
     assert result.returncode == 2 and "num_workerz" in result.stderr
 
 
@@ -98,10 +98,10 @@ def test_no_doctor_skips_the_checks(monkeypatch):
     assert facts is not None and facts.job.source == "launch"
 
 
-def test_dockerfile_prints_and_writes_with_a_dockerignore(tmp_path):
-    printed = run_cli("dockerfile", "--config", "examples/quickstart.yaml")
+def test_dockerfile_prints_and_writes_with_a_dockerignore(cli_here, tmp_path):
+    printed = cli_here("dockerfile", "--config", "examples/quickstart.yaml")
     assert printed.returncode == 0 and printed.stdout.startswith("# syntax=docker/dockerfile:1")
     out = tmp_path / "image" / "Dockerfile"
-    written = run_cli("dockerfile", "--base", "cuda", "--out", str(out))
+    written = cli_here("dockerfile", "--base", "cuda", "--out", str(out))
     assert written.returncode == 0, written.stderr
     assert out.read_text().count("FROM nvidia/cuda:") == 1 and (out.parent / ".dockerignore").is_file()

@@ -60,6 +60,19 @@ def test_config_facts_include_the_job_and_its_disks(tmp_path):
     assert local.path == str(tmp_path / "run" / "checkpoints") and local.exists is False and local.free_bytes
 
 
+def test_a_launch_without_the_checks_skips_the_memory_trace_but_keeps_the_job(tmp_path):
+    """--no-doctor on several processes still gathers the facts the NCCL settings read; the
+    memory estimate (a meta trace, most of a start-up's cost) is only for the checks."""
+    from skylift.doctor.gate import check_before_start
+
+    config = load_config(REPO_ROOT / "examples" / "quickstart.yaml", [f"run_dir={tmp_path / 'run'}"])
+    unchecked = check_before_start(config, command="run", nproc=2, nnodes=1, enforce=False)
+    assert unchecked.job.nproc == 2 and unchecked.job.backend == config.distributed.backend
+    assert unchecked.job.memory is None
+    checked = check_before_start(config, command="run", nproc=2, nnodes=1, enforce=True)
+    assert checked.job.memory.total_bytes > 0
+
+
 def test_environment_keeps_the_families_nccl_and_torch_read():
     environ = {
         "NCCL_DEBUG": "INFO",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-from skylift.doctor.facts import JobFacts
-from skylift.doctor.nccl import (
+from skylift.machine.facts import JobFacts
+from skylift.machine.nccl import (
     SETTINGS_VARIABLE,
     plan_nccl,
     recorded_settings,

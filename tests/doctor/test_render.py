@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from skylift.doctor.facts import SCHEMA_VERSION
 from skylift.doctor.redact import Redactor
 from skylift.doctor.render import exit_code, render_json, render_text
-from skylift.doctor.verdicts import RULES, Verdict, evaluate
+from skylift.doctor.rules import evaluate
+from skylift.doctor.verdicts import RULES, Verdict
+from skylift.machine.facts import SCHEMA_VERSION
 from tests.doctor.recorded import NAMES, load_facts
 from tests.doctor.schema import REPORT_KEYS, VERDICT_KEYS, field_paths
 

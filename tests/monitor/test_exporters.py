@@ -11,7 +11,8 @@ from skylift.monitor.exporters.cloudwatch import metric_data
 from tests.checkpoint.runs import records, train
 from tests.servers import FaultyProxy
 
-EXPORT = ("monitor.exporters=[cloudwatch]", "monitor.log_every_steps=5", "schedule.max_steps=30")
+# No HTML report: it is not exported to CloudWatch and not read here (~1.5 s of matplotlib a run).
+EXPORT = ("monitor.exporters=[cloudwatch]", "monitor.log_every_steps=5", "schedule.max_steps=30", "monitor.report=false")
 
 
 def test_a_train_record_becomes_loss_throughput_mfu_and_data_wait_share():

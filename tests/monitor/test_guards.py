@@ -91,12 +91,13 @@ def test_a_stalled_process_dumps_every_threads_stack(tmp_path):
 # after the process started) has spent it whatever the machine's speed, so the stop is the
 # "spent" case (a stop on the projection alone leaves a resume that is not yet past the budget).
 BUDGET = ("monitor.usd_per_hour=360000", "schedule.max_steps=2000", "schedule.epochs=200")
+NO_REPORT = "monitor.report=false"  # the runs' HTML reports are never read here (~1.5 s of matplotlib each)
 
 
 @pytest.mark.slow
 def test_budget_guard_checkpoints_exits_3_and_refuses_to_resume_until_raised(tmp_path):
     run_dir = tmp_path / "run"
-    stopped = train(run_dir, *BUDGET, "monitor.guards.budget_usd=1")
+    stopped = train(run_dir, *BUDGET, "monitor.guards.budget_usd=1", NO_REPORT)
     assert stopped.returncode == EXIT_GUARD, stopped.stderr[-3000:]
     assert "stopped by a guard" in stopped.stderr
     (guard,) = records(run_dir, "guard")
@@ -105,11 +106,12 @@ def test_budget_guard_checkpoints_exits_3_and_refuses_to_resume_until_raised(tmp
     assert (run_dir / "checkpoints" / f"step-{guard['step']}" / "manifest.json").exists()
     assert guard["step"] < 2000
 
-    refused = train(run_dir, *BUDGET, "monitor.guards.budget_usd=1")
+    refused = train(run_dir, *BUDGET, "monitor.guards.budget_usd=1", NO_REPORT)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "already spent" in refused.stderr and "raise monitor.guards.budget_usd" in refused.stderr
 
-    raised = train(run_dir, "monitor.usd_per_hour=360000", "schedule.max_steps=60", "monitor.guards.budget_usd=10000000")
+    raised = train(run_dir, "monitor.usd_per_hour=360000", "schedule.max_steps=60", "monitor.guards.budget_usd=10000000",
+                   NO_REPORT)
     assert raised.returncode == 0, raised.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == guard["step"]
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+import pytest
 from rich.console import Console
 
 from skylift.cli.main import main
@@ -33,10 +34,15 @@ def _frame(state: LiveState, run_dir: Path) -> str:
     return console.export_text()
 
 
-def test_monitor_once_on_a_real_run_shows_the_figures(preempted_run, cli):
-    result = cli("monitor", str(preempted_run), "--once", env={"COLUMNS": "120"})
-    assert result.returncode == 0, result.stderr
-    frame = result.stdout
+@pytest.mark.slow
+def test_monitor_once_on_a_real_run_shows_the_figures(preempted_run, monkeypatch, capsys):
+    # In-process: no process boundary is under test here, and a Python start with the CLI's imports
+    # costs seconds (the live loop below is the one that runs ``skylift monitor`` as a process).
+    monkeypatch.setenv("COLUMNS", "120")
+    capsys.readouterr()
+    code = main(["monitor", str(preempted_run), "--once"])
+    frame, errors = capsys.readouterr()
+    assert code == 0, errors
     for expected in ("attempt 2", "loss", "samples/s", "MFU", "data wait", "step time", "system",
                      "last checkpoint", f"step {MAX_STEPS}", "preemption notice"):
         assert expected in frame, f"{expected!r} missing from:\n{frame}"

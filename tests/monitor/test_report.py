@@ -41,14 +41,16 @@ def assert_every_section(dom: str) -> None:
 # -- the real run, in a real browser ---------------------------------------------------
 
 
-def test_report_of_a_preempted_and_resumed_run_renders_in_chromium(preempted_run, chromium, cli, tmp_path):
+def test_report_of_a_preempted_and_resumed_run_renders_in_chromium(preempted_run, chromium, capsys, tmp_path):
     records = list(read_records(preempted_run / "metrics.jsonl"))
     attempts = split_attempts(records)
     assert len(attempts) == 2 and attempts[0].outcome == "preempted", [a.outcome for a in attempts]
 
-    result = cli("report", str(preempted_run), "--json")
-    assert result.returncode == 0, result.stderr
-    produced = json.loads(result.stdout)
+    capsys.readouterr()
+    code = main(["report", str(preempted_run), "--json"])  # in-process: no process boundary is under test
+    printed, errors = capsys.readouterr()
+    assert code == 0, errors
+    produced = json.loads(printed)
     html_path = Path(produced["html"])
     assert html_path == preempted_run / "report" / "index.html"
     assert {Path(p).name for p in produced["pngs"]} >= {"loss.png", "throughput.png", "breakdown.png", "timeline.png"}

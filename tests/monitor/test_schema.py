@@ -78,6 +78,7 @@ def test_a_torn_line_from_a_killed_attempt_does_not_swallow_the_next(tmp_path):
     assert kinds[:2] == ["eval", "run_start"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_ddp_ranks_breakdowns_are_gathered_to_rank_0(cli, tmp_path):
     result = cli("run", "examples/quickstart.yaml", "--nproc", "2", "--json", "--set", f"run_dir={tmp_path}",

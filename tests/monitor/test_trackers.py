@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -26,6 +27,18 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in records(run_dir, "train")}
 
 
+@pytest.fixture(scope="module")
+def mlflow_schema(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store with MLflow's tables made, once for the module: creating them
+    runs MLflow's whole migration history (seconds). Each test copies it, so no test sees another's
+    runs; the server's store starts as a team's existing one does."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-schema") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 def _mlflow_run(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -36,11 +49,11 @@ def _mlflow_run(tracking_uri: str):
 
 
 @pytest.mark.slow
-def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_run(tmp_path):
+def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_run(mlflow_schema, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).search_experiments()  # the team's store exists before the job (schema made)
+    uri = f"sqlite:///{shutil.copy(mlflow_schema, tmp_path / 'mlflow.db')}"
+    assert MlflowClient(tracking_uri=uri).search_experiments()  # the team's store exists before the job (schema made)
     run_dir = tmp_path / "run"
     exporting = ("monitor.exporters=[mlflow]", f"monitor.mlflow.tracking_uri={uri}", *STEPS)
     killed = train(run_dir, *exporting, env={"SKYLIFT_FAULT_INJECTION": "step_end:step=17"})
@@ -63,11 +76,12 @@ def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_ru
 
 
 @pytest.mark.slow
-def test_mlflow_through_a_real_tracking_server_on_loopback(tmp_path):
+def test_mlflow_through_a_real_tracking_server_on_loopback(mlflow_schema, tmp_path):
     port = free_port()
+    store = shutil.copy(mlflow_schema, tmp_path / "server.db")
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
+         "--backend-store-uri", f"sqlite:///{store}", "--artifacts-destination",
          str(tmp_path / "artifacts")],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     uri = f"http://127.0.0.1:{port}"
@@ -135,6 +149,7 @@ def _wandb_history(run_file: str) -> tuple[str, list[dict[str, float]]]:
     return run_id, rows
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_metrics_and_a_resume_continues_its_id(tmp_path):
     pytest.importorskip("wandb")
     run_dir = tmp_path / "run"

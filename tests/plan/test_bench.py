@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from skylift.plan.bench import BenchRequest, run_bench
 from skylift.plan.measurement import BENCH_DIR, Measurement, find_latest
 
 QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
 
 
+@pytest.mark.slow
 def test_bench_on_the_quickstart_writes_a_valid_measurement(tmp_path):
     request = BenchRequest(config_path=str(QUICKSTART), steps=3, output_dir=tmp_path)  # 3 warm-up + 3 = 6 steps
     _measurement, path = run_bench(request)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from skylift.catalog import load_catalog
+from skylift.machine.memory import ModelMemory
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import Target, predict_step
 from skylift.plan.ranking import local_target, row_target
@@ -91,17 +92,22 @@ def test_multi_node_allreduce_uses_nvlink_inside_and_network_between():
 
 
 def test_memory_fit_raises_accumulation_then_drops():
-    # 4 x 1 GiB of model state; activations 3 GiB - 1 GiB baseline - 4 GiB state -> clamp: use device peak.
-    m = measurement(model_bytes=2**30, peak_device_memory_bytes=int(4 * 2**30 + 64 * 0.25 * 2**30),
-                    device="cuda", device_name="NVIDIA A100")  # fmt: skip
+    # 1 GiB of fp32 weights under AdamW: 4 GiB of state (weights, gradients, two moments);
+    # 0.25 GiB of saved activations per sample.
+    m = measurement(device="cuda", device_name="NVIDIA A100")
+    memory = ModelMemory(parameters=2**28, trainable_parameters=2**28, optimizer_state_copies=2,
+                         saved_float_elements_per_sample=2**26)  # fmt: skip
     base = {"name": "gpu", "device": "cuda", "peak_flops_per_s": 1e14, "memory_bandwidth_bytes_per_s": 1e12, "vcpus_per_rank": 8}
-    fits = predict_step(m, Target(**base, device_memory_bytes=40 * 2**30))
+    fits = predict_step(m, Target(**base, device_memory_bytes=40 * 2**30), memory=memory)
     assert fits.accumulation_steps == 1 and fits.dropped is None
-    tight = predict_step(m, Target(**base, device_memory_bytes=16 * 2**30))
+    assert fits.memory.total_bytes == 4 * 2**30 + 64 * 2**28
+    tight = predict_step(m, Target(**base, device_memory_bytes=16 * 2**30), memory=memory)
     # usable 14.4 GiB - 4 GiB state = 10.4 GiB; 16 GiB of activations -> 2 micro-steps of 32
     assert (tight.accumulation_steps, tight.micro_batch_size) == (2, 32)
-    too_small = predict_step(m, Target(**base, device_memory_bytes=4 * 2**30))
+    too_small = predict_step(m, Target(**base, device_memory_bytes=4 * 2**30), memory=memory)
     assert too_small.dropped.startswith("does not fit")
+    unchecked = predict_step(m, Target(**base, device_memory_bytes=4 * 2**30))
+    assert unchecked.dropped is None and any("memory fit not checked" in text for text in unchecked.assumptions)
 
 
 def test_batch_that_does_not_divide_is_dropped():

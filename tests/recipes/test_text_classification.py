@@ -27,9 +27,12 @@ SMALL = (
 # One thread per process: on a 2-core machine shared with other jobs, two OpenMP threads
 # wait on each other at every operator and a step takes 3-10x longer.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-# Synchronous saves: the commit before the kill is certain however slow the disk is.
+# Synchronous saves: the commit before the kill is certain however slow the disk is. No HTML
+# report (~1.5 s of matplotlib a run) where runs are compared and the report never read; the
+# token-budget and streamed runs still write theirs.
 EXACT = ("deterministic=true", "data.num_samples=64", "schedule.epochs=2", "schedule.max_steps=null",
-         "checkpoint.every_minutes=null", "checkpoint.save_at_end=false", "checkpoint.async_save=false")  # fmt: skip
+         "checkpoint.every_minutes=null", "checkpoint.save_at_end=false", "checkpoint.async_save=false",
+         "monitor.report=false")  # fmt: skip
 
 
 def _config(tmp_path, *overrides: str):
@@ -130,7 +133,7 @@ def test_kill_and_resume_equals_the_uninterrupted_run(cli, tmp_path):
 def test_two_processes_get_equal_batches_and_agree(cli, tmp_path):
     run_dir = tmp_path / "run"
     result = _run(cli, run_dir, "schedule.max_steps=3", "checkpoint.enabled=false", "checkpoint.save_final_model=false",
-                  nproc=2)
+                  "monitor.report=false", nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
     report = summary(run_dir)
     assert report["world_size"] == 2 and report["replicas_agree"] is True
@@ -256,6 +259,7 @@ def test_unknown_characters_become_tokens_saved_with_the_run(tmp_path):
     assert unknown not in saved("好评")["input_ids"]
 
 
+@pytest.mark.slow
 def test_streamed_jsonl_shards_train_and_evaluate(cli, tmp_path):
     import json
 
@@ -281,18 +285,26 @@ def test_streamed_jsonl_shards_train_and_evaluate(cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_cpu_preset_learns_real_reviews(cli, tmp_path):
-    """The preset's figure is in README; here 800 training reviews, 64 tokens, two epochs of
+def test_cpu_preset_learns_real_reviews(tmp_path):
+    """The preset's figure is in docs/recipes.md; here 800 training reviews, 64 tokens, two epochs of
     36 steps. The bar: 200 validation reviews put chance at 50% +- 3.5%, so 60% is ~3
     standard deviations above it (measured: 67.0%, F1 0.669). Without added characters:
-    new embeddings need more steps than this test has."""
+    new embeddings need more steps than this test has. Evaluated once, after the second epoch (the
+    trainer always evaluates the last one), where the bar looks. Fewer steps or shorter texts
+    would cost the margin: after the first epoch it was 63.5%, one standard deviation above the bar.
+    Training is compute-bound (~6 reviews/s on a loaded 2-core machine: ~300 s, ~180 s quiet;
+    one run sharing the 2 cores with a dozen other processes went past 900 s with 300 s of CPU),
+    so the process gets 1800 s before it counts as hung."""
+    from tests.conftest import run_cli
+
     run_dir = tmp_path / "run"
     args = ["run", EXAMPLE, "--json", "--set", f"run_dir={run_dir}"]
     for override in ("data.num_samples=1000", "data.max_length=64", "data.max_tokens=1024", "schedule.epochs=2",
                      "schedule.warmup_steps=10", "optim.lr=1e-4", "model.add_unknown_characters=0",
-                     "monitor.tensorboard=false", "checkpoint.enabled=false"):
+                     "schedule.eval_every_epochs=2", "monitor.tensorboard=false", "checkpoint.enabled=false"):
         args += ["--set", override]
-    result = cli(*args)
+    result = run_cli(*args, timeout_s=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    evaluation = records(run_dir, "eval")[-1]
+    (evaluation,) = records(run_dir, "eval")
+    assert evaluation["step"] == summary(run_dir)["steps"], evaluation
     assert evaluation["accuracy"] >= 0.6 and evaluation["f1_macro"] >= 0.55, evaluation

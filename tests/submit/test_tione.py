@@ -79,7 +79,7 @@ def test_a_cos_checkpoint_root_without_a_key_source_is_refused_naming_the_field_
     with pytest.raises(SkyliftConfigError) as caught:
         tione.build(make_job("tione", submit={"tione": {}}))
     message = str(caught.value)
-    assert "submit.tione.cos_keys_from is not set" in message
+    assert "submit.tione.cos_keys_from: is not set" in message
     assert "cos://bucket-1250000000/runs/quick" in message and "no role field" in message
     assert "--set submit.tione.cos_keys_from=image" in message
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from skylift.train.distributed import DistributedContext
-from skylift.train.events import TrainState
+from skylift.loop.distributed import DistributedContext
+from skylift.loop.events import TrainState
 from skylift.train.prepared_loader import prepare_loader
 
 SAMPLES = 100

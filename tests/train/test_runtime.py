@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from skylift.train.distributed import DistributedContext
+from skylift.loop.distributed import DistributedContext
 from skylift.train.runtime import Runtime
 
 CPU = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)

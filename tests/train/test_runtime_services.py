@@ -79,7 +79,7 @@ def test_a_scalar_named_like_a_skylift_field_is_refused(tmp_path):
 
 
 def test_survive_calls_without_a_config_say_how_to_get_one():
-    from skylift.train.distributed import DistributedContext
+    from skylift.loop.distributed import DistributedContext
 
     runtime = Runtime(precision="fp32", context=DistributedContext(0, 1, 0, torch.device("cpu"), None))
     for call in (runtime.resume, lambda: runtime.step_end(1), lambda: runtime.log(1, loss=1.0)):

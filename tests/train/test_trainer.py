@@ -14,7 +14,8 @@ from skylift.train.trainer import Trainer
 
 
 def _config(tmp_path, *overrides):
-    base = [f"run_dir={tmp_path}", "monitor.tensorboard=false", "monitor.progress_bar=off",
+    # No HTML report: its PNGs cost more than these short fits, and no test here reads it.
+    base = [f"run_dir={tmp_path}", "monitor.tensorboard=false", "monitor.progress_bar=off", "monitor.report=false",
             "checkpoint.enabled=false", "preemption.enabled=false", "schedule.warmup_steps=2"]
     return load_config("examples/quickstart.yaml", [*base, *overrides])
 
@@ -43,6 +44,7 @@ def test_resnet_with_channels_last_and_activation_checkpointing_trains(tmp_path)
     assert all(math.isfinite(loss) for loss in _train_losses(tmp_path))
 
 
+@pytest.mark.slow
 def test_torch_compile_path_trains(tmp_path):
     summary = Trainer(_config(tmp_path, "compile.enabled=true", "schedule.max_steps=3", "precision=fp32")).fit()
     assert summary.steps == 3

@@ -4,7 +4,7 @@ The rows ship as ``instances.csv`` next to this module. Every price carries the 
 was read and its public source; a row whose price could not be read from a public
 source says ``price_unverified`` and has no number at all. GPU figures (peak FLOP/s,
 memory bandwidth) are not repeated here: they come from the one table the monitor's
-MFU uses (:mod:`skylift.monitor.flops`).
+MFU uses (:mod:`skylift.machine.gpus`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The Trainer calls :meth:`open` before building anything expensive, :meth:`resume`
 once the model and optimizer exist, :meth:`after_step` at every step boundary with
-the ranks' agreed :class:`~skylift.train.agreement.Decision`, and :meth:`close` at the
+the ranks' agreed :class:`~skylift.loop.agreement.Decision`, and :meth:`close` at the
 end. Every decision that can abort is taken collectively.
 """
 
@@ -45,11 +45,11 @@ from skylift.checkpoint.tiers import (
 )
 from skylift.config.schema import CheckpointConfig
 from skylift.errors import SkyliftConfigError
+from skylift.loop.agreement import Decision, StepAgreement, StopReason
+from skylift.loop.distributed import DistributedContext
+from skylift.loop.events import TrainState
 from skylift.storage import StorageError, Store, open_store
 from skylift.storage.local import LocalStore
-from skylift.train.agreement import Decision, StepAgreement, StopReason
-from skylift.train.distributed import DistributedContext
-from skylift.train.events import TrainState
 
 __all__ = ["Checkpointing", "TrainingObjects"]
 

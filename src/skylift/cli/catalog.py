@@ -40,7 +40,7 @@ def execute(args: argparse.Namespace) -> int:
 
 def render_rows(rows: list) -> str:  # rows: list[InstanceRow]
     """The rows as an aligned table, then the sources of the prices shown."""
-    from skylift.monitor.flops import gpu_spec
+    from skylift.machine.gpus import gpu_spec
 
     header = ("provider", "instance", "region", "gpus", "GiB/gpu", "vCPU", "RAM GiB", "link", "net Gb/s",
               "peak bf16 TF", "mem TB/s", "on-demand $/h", "spot $/h", "notice s")  # fmt: skip

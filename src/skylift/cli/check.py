@@ -15,13 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.config.load import dump_config, load_config
-
-    from skylift.config.schema import BUILTIN_RECIPES
+    from skylift.recipes import check_recipe_args
 
     config = load_config(args.config, args.overrides)
-    if config.recipe.name not in BUILTIN_RECIPES:  # a recipe of the user's: import it, check its args
-        from skylift.recipes import recipe_class
-
-        recipe_class(config).parse_args(config)
+    check_recipe_args(config)
     print(json.dumps(config.model_dump(mode="json"), indent=2) if args.json else dump_config(config), end="")
     return 0

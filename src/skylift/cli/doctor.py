@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     from skylift.doctor.gather import gather_facts
     from skylift.doctor.render import exit_code, render_json, render_text
-    from skylift.doctor.verdicts import evaluate
+    from skylift.doctor.rules import evaluate
     from skylift.errors import SkyliftConfigError
 
     if args.nproc < 1 or args.nnodes < 1:

@@ -48,9 +48,9 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def _act(args: argparse.Namespace) -> int:
+    from skylift.cloud.redact import redact
     from skylift.submit.base import JobRef, platform_module
     from skylift.submit.output import print_status
-    from skylift.submit.redact import redact
 
     ref = JobRef.parse(args.job)
     if args.action == "watch":
@@ -72,7 +72,7 @@ def _act(args: argparse.Namespace) -> int:
 
 
 def _watch(ref, args: argparse.Namespace) -> int:
-    from skylift.submit.redact import redact
+    from skylift.cloud.redact import redact
     from skylift.submit.watch import reconnect
 
     if args.max_resubmits is not None and args.max_resubmits < 0:

@@ -42,12 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.plan.planning import build_plan
+    from skylift.plan.render import render_plan
 
     plan = build_plan(args, deadline_hours=parse_hours(args.deadline), log=lambda text: print(text, file=sys.stderr))
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
-        print(plan.render())
+        print(render_plan(plan))
     return 0
 
 

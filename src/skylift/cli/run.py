@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.config.load import load_config
-    from skylift.train.distributed import launched_by_torchrun
+    from skylift.loop.distributed import launched_by_torchrun
     from skylift.train.preflight import preflight
 
     if args.resume is not None:

@@ -95,8 +95,10 @@ def _splits(args: argparse.Namespace):  # (split, samples, metadata, total) per 
         return [("", folder.samples(args.workers), {"classes": folder.classes}, len(folder.images))]
     # The class map travels in the index, so every rank and the validation split number
     # labels the same way (names sorted; integer labels as they are).
-    rows, classes = sources.text_classes(Path(args.source))
-    return [("", sources.text_samples(Path(args.source)), {"classes": classes} if classes else {}, rows)]
+    from skylift.data import text_rows
+
+    rows, classes = text_rows.text_classes(Path(args.source))
+    return [("", text_rows.text_samples(Path(args.source)), {"classes": classes} if classes else {}, rows)]
 
 
 def _source_endpoint(args: argparse.Namespace) -> str | None:

@@ -10,7 +10,7 @@ import runpy
 import sys
 import traceback
 
-from skylift.train.distributed import exit_cleanly
+from skylift.loop.distributed import exit_cleanly
 
 
 def run_user_code(argv: list[str]) -> int:

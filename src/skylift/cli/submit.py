@@ -45,7 +45,7 @@ def _submit(args: argparse.Namespace) -> int:
     flags = {"image": args.image, "instance_type": args.instance, "instance_count": args.count,
              "gpus_per_node": args.gpus_per_node, "spot": args.spot, "region": args.region,
              "max_resubmits": args.max_resubmits}
-    job = job_from_inputs(args.config, args.overrides, flags)
+    job = job_from_inputs(args.config, args.overrides, flags, platform=args.platform, command=_command(args))
     platform = platform_module(args.platform)
     request = platform.build(job)
     if args.dry_run:
@@ -62,6 +62,30 @@ def _submit(args: argparse.Namespace) -> int:
     from skylift.submit.watch import watch
 
     return watch(platform, job, ref, record=record if saved else None)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    """The ``skylift submit`` command as given (flags in a fixed order), for the error
+    that names the one command that would pass."""
+    command = ["skylift", "submit", args.config, "--platform", args.platform]
+    for flag, value in (("--instance", args.instance), ("--count", args.count),
+                        ("--gpus-per-node", args.gpus_per_node), ("--image", args.image), ("--region", args.region),
+                        ("--max-resubmits", args.max_resubmits)):
+        if value is not None:
+            command += [flag, str(value)]
+    for override in args.overrides:
+        command += ["--set", _without_secret(override)]
+    switches = (("--spot", args.spot), ("--dry-run", args.dry_run), ("--json", args.json), ("--watch", args.watch))
+    return command + [flag for flag, given in switches if given]
+
+
+def _without_secret(override: str) -> str:
+    """``--set KEY=VALUE`` as an error may print it: a secret-looking key's value is left
+    for the user to fill in, and a credential of this environment is redacted."""
+    from skylift.cloud.redact import is_secret_name, redact
+
+    key, _, _ = override.partition("=")
+    return f"{key}=<value>" if is_secret_name(key) else redact(override)
 
 
 def _save(record, ref) -> Path | None:

@@ -1,6 +1,6 @@
 """A worker of ``skylift run``: what torchrun starts on every rank.
 
-    python -m skylift.cli.worker CONFIG [--set K=V ...] [--json]
+Usage: ``python -m skylift.cli.worker CONFIG [--set K=V ...] [--json]``
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
             print_summary(summary, report)
     if summary.stopped_early is None:
         return 0
-    from skylift.train.agreement import StopReason
+    from skylift.loop.agreement import StopReason
 
     if summary.stopped_early == StopReason.NAMES[StopReason.GUARD]:
         from skylift.errors import EXIT_GUARD
@@ -120,7 +120,7 @@ if __name__ == "__main__":
     # torch._dynamo, which costs seconds of start-up.
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from skylift.train.distributed import exit_cleanly
+    from skylift.loop.distributed import exit_cleanly
 
     try:
         code = record(main)()

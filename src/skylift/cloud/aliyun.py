@@ -17,17 +17,18 @@ from __future__ import annotations
 from skylift.cloud._protocol import MetadataError, TokenSession, parse_iso_time_s
 from skylift.cloud.notice import PreemptionNotice, new_notice
 
-__all__ = ["TERMINATION_TIME_PATH", "TOKEN_TTL_S", "poll"]
+__all__ = ["SESSION", "TERMINATION_TIME_PATH", "TOKEN_TTL_S", "poll"]
 
 TOKEN_TTL_S = 21600  # the documented maximum
 TERMINATION_TIME_PATH = "/latest/meta-data/instance/spot/termination-time"
 
-_SESSION = TokenSession(
+SESSION = TokenSession(
     token_path="/latest/api/token",
     ttl_header="X-aliyun-ecs-metadata-token-ttl-seconds",
     token_header="X-aliyun-ecs-metadata-token",
     ttl_s=TOKEN_TTL_S,
 )
+"""The hardened mode's session tokens, shared by the notice watcher and ``skylift doctor``'s instance-type probe."""
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:
@@ -37,7 +38,7 @@ def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:
         MetadataError: an answer other than 200 or 404.
         OSError, urllib.error.HTTPError: transient failures, retried by the watcher.
     """
-    response = _SESSION.get(base_url, TERMINATION_TIME_PATH, timeout_s=timeout_s)
+    response = SESSION.get(base_url, TERMINATION_TIME_PATH, timeout_s=timeout_s)
     if response.status == 404:
         return None
     if response.status != 200:

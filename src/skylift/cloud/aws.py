@@ -21,18 +21,19 @@ import json
 from skylift.cloud._protocol import MetadataError, TokenSession, parse_iso_time_s
 from skylift.cloud.notice import PreemptionNotice, new_notice
 
-__all__ = ["INSTANCE_ACTION_PATH", "REBALANCE_PATH", "TOKEN_TTL_S", "poll"]
+__all__ = ["INSTANCE_ACTION_PATH", "REBALANCE_PATH", "SESSION", "TOKEN_TTL_S", "poll"]
 
 TOKEN_TTL_S = 21600  # the IMDSv2 maximum: six hours
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 
-_SESSION = TokenSession(
+SESSION = TokenSession(
     token_path="/latest/api/token",
     ttl_header="X-aws-ec2-metadata-token-ttl-seconds",
     token_header="X-aws-ec2-metadata-token",
     ttl_s=TOKEN_TTL_S,
 )
+"""IMDSv2's session tokens, shared by the notice watcher and ``skylift doctor``'s instance-type probe."""
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:
@@ -55,7 +56,7 @@ def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:
 
 def _get_json(base_url: str, path: str, timeout_s: float) -> dict[str, object] | None:
     """The item's JSON object; None on 404. A 200 that is not JSON still counts as present."""
-    response = _SESSION.get(base_url, path, timeout_s=timeout_s)
+    response = SESSION.get(base_url, path, timeout_s=timeout_s)
     if response.status == 404:
         return None
     if response.status != 200:

@@ -6,17 +6,17 @@ Errors name the key, the allowed values and the closest valid key, and are raise
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from skylift.config.describe import describe_errors
 from skylift.config.schema import RunConfig
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["apply_overrides", "describe_errors", "dump_config", "load_config", "parse_config"]
+__all__ = ["apply_overrides", "dump_config", "load_config", "parse_config"]
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -52,16 +52,8 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
         return RunConfig.model_validate(raw)
     except ValidationError as error:
         raise SkyliftConfigError(
-            describe_errors(error), hint=f"Fix {source}, then check it with: skylift check {source}"
+            describe_errors(error, RunConfig), hint=f"Fix {source}, then check it with: skylift check {source}"
         ) from None
-
-
-def describe_errors(error: ValidationError, root: type[BaseModel] = RunConfig,
-                    prefix: tuple[str, ...] = ()) -> list[str]:
-    """One line per problem of a validation of ``root``: the dotted key (under ``prefix``,
-    e.g. ``("recipe", "args")`` for a recipe's own settings), what is wrong, the allowed
-    values or the closest valid key."""
-    return [_describe(item, root, prefix) for item in error.errors()]
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -117,57 +109,3 @@ def _set_dotted(target: dict[str, Any], parts: list[str], value: Any) -> None:
 
 def _deep_copy(raw: dict[str, Any]) -> dict[str, Any]:
     return {key: _deep_copy(value) if isinstance(value, dict) else value for key, value in raw.items()}
-
-
-def _describe(item: dict[str, Any], root: type[BaseModel] = RunConfig, prefix: tuple[str, ...] = ()) -> str:
-    location = [str(part) for part in item["loc"]]
-    dotted = ".".join([*prefix, *location]) or "config"
-    if not location:
-        return (f"{'.'.join(prefix)}: " if prefix else "") + str(item["msg"]).removeprefix("Value error, ")
-    if item["type"] == "extra_forbidden":
-        return _unknown_key(location, root, prefix)
-    allowed = _allowed_values(location, root)
-    message = f"{dotted}: {item['msg']}"
-    if "input" in item and item["type"] not in ("missing",) and not isinstance(item["input"], dict):
-        message += f" (got {item['input']!r})"
-    if allowed:
-        message += f"; allowed: {allowed}"
-    return message
-
-
-def _unknown_key(location: list[str], root: type[BaseModel], prefix: tuple[str, ...]) -> str:
-    *parent_path, key = location
-    valid = _field_names(parent_path, root)
-    dotted = ".".join([*prefix, *location])
-    closest = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    text = f"{dotted}: unknown key."
-    if closest:
-        text += f" Did you mean {'.'.join([*prefix, *parent_path, closest[0]])!r}?"
-    return text + f" Valid keys here: {', '.join(sorted(valid))}"
-
-
-def _section_model(path: list[str], root: type[BaseModel] = RunConfig) -> type[BaseModel] | None:
-    model: type[BaseModel] = root
-    for part in path:
-        field = model.model_fields.get(part)
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        model = annotation
-    return model
-
-
-def _field_names(path: list[str], root: type[BaseModel] = RunConfig) -> list[str]:
-    model = _section_model(path, root)
-    return list(model.model_fields) if model else []
-
-
-def _allowed_values(location: list[str], root: type[BaseModel] = RunConfig) -> str:
-    model = _section_model(location[:-1], root)
-    field = model.model_fields.get(location[-1]) if model else None
-    if field is None:
-        return ""
-    args = getattr(field.annotation, "__args__", ())
-    if getattr(field.annotation, "__origin__", None) is not None and "Literal" in repr(field.annotation):
-        return ", ".join(repr(arg) for arg in args)
-    return ""

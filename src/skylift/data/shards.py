@@ -18,7 +18,7 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,10 +121,6 @@ class ShardWriter:
         if self._buffer.tell() >= self.shard_size_bytes:
             self._flush()
 
-    def add_all(self, samples: Iterable[dict[str, bytes]]) -> None:
-        for sample in samples:
-            self.add(sample)
-
     def close(self, metadata: dict[str, Any] | None = None) -> ShardIndex:
         """Write the last shard and then the index (the commit point)."""
         if self._pending_samples:
@@ -177,18 +173,3 @@ def read_shard_samples(data: bytes) -> Iterator[dict[str, bytes]]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def encode_sample(fields: dict[str, Any]) -> dict[str, bytes]:
-    """Bytes for common field types: bytes as-is, str as UTF-8, ints/floats as text."""
-    encoded = {}
-    for name, value in fields.items():
-        if isinstance(value, bytes):
-            encoded[name] = value
-        elif isinstance(value, str):
-            encoded[name] = value.encode()
-        elif isinstance(value, (int, float)):
-            encoded[name] = str(value).encode()
-        else:
-            raise TypeError(f"field {name!r}: cannot store {type(value).__name__}; give bytes, str, int or float")
-    return encoded

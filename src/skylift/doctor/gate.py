@@ -14,8 +14,8 @@ from skylift.errors import SkyliftConfigError
 
 if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
-    from skylift.doctor.facts import Facts
     from skylift.doctor.verdicts import Verdict
+    from skylift.machine.facts import Facts
 
 __all__ = ["JobCheckFailed", "check_before_start", "gate_failures"]
 
@@ -54,7 +54,7 @@ def check_before_start(
     """
     from skylift.doctor.gather import gather_facts
     from skylift.doctor.redact import Redactor
-    from skylift.doctor.verdicts import evaluate
+    from skylift.doctor.rules import evaluate
 
     if not enforce and nproc * nnodes == 1:
         return None
@@ -63,8 +63,9 @@ def check_before_start(
     # without NCCL does not ask the metadata service for it; `skylift doctor` always does.
     import torch
 
+    # Without the checks the facts only decide the NCCL settings, which need no memory estimate.
     facts = gather_facts(config, config_path=config_path, nproc=nproc, nnodes=nnodes, job_source=source,
-                         probe_metadata=nproc * nnodes > 1 and torch.cuda.is_available())
+                         probe_metadata=nproc * nnodes > 1 and torch.cuda.is_available(), job_memory=enforce)
     if not enforce:
         return facts
     redactor = Redactor()

@@ -1,4 +1,4 @@
-"""Read this machine into a :class:`~skylift.doctor.facts.Facts` object.
+"""Read this machine into a :class:`~skylift.machine.facts.Facts` object.
 
 Each part is read on its own and a part that cannot be read leaves ``None`` and a
 line in ``facts.notes``: the doctor must work on a laptop without CUDA, in a
@@ -16,19 +16,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from skylift.doctor.facts import ContainerFacts, CpuFacts, DiskFacts, Facts, MemoryFacts, OsFacts, ShmFacts
+from skylift.doctor.system import gather_disks, read_text
+from skylift.machine.facts import ContainerFacts, CpuFacts, Facts, MemoryFacts, OsFacts, ShmFacts
 
 if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
-    from skylift.doctor.facts import JobFacts
+    from skylift.machine.facts import JobFacts
 
 __all__ = [
     "ENVIRONMENT_PREFIXES",
     "KEY_PACKAGES",
     "detect_container",
-    "gather_disks",
     "gather_facts",
-    "read_text",
     "reported_environment",
 ]
 
@@ -50,9 +49,6 @@ KEY_PACKAGES = (
     "nvidia-cudnn-cu13",
     "nvidia-cudnn-cu12",
 )
-_DEFAULT_CACHE = "~/.cache/skylift"
-
-
 def gather_facts(
     config: RunConfig | None = None,
     *,
@@ -61,6 +57,7 @@ def gather_facts(
     nnodes: int = 1,
     job_source: str | None = None,
     probe_metadata: bool = True,
+    job_memory: bool = True,
 ) -> Facts:
     """Everything the rules need, from this machine and, when given, the run config.
 
@@ -70,6 +67,7 @@ def gather_facts(
         nproc, nnodes: the job's shape, for ``skylift run``/``launch`` checks.
         job_source: ``"launch"`` for a script without a config: job facts without one.
         probe_metadata: ask a detected cloud's metadata service for the instance type.
+        job_memory: estimate the job's memory (a meta-device trace of its model).
 
     Example:
         >>> gather_facts().torch.version
@@ -92,21 +90,21 @@ def gather_facts(
     facts.container = detect_container(environ)
     facts.cloud = gather_cloud(probe_metadata=probe_metadata)
     facts.packages = _packages()
-    facts.job = _job(config, config_path, nproc, nnodes, job_source)
+    facts.job = _job(config, config_path, nproc, nnodes, job_source, job_memory)
     facts.disks = gather_disks(config)
     facts.notes = _notes(facts)
     return facts
 
 
 def _job(
-    config: RunConfig | None, config_path: str | None, nproc: int, nnodes: int, source: str | None
+    config: RunConfig | None, config_path: str | None, nproc: int, nnodes: int, source: str | None, memory: bool
 ) -> JobFacts | None:
-    from skylift.doctor.facts import JobFacts
+    from skylift.machine.facts import JobFacts
 
     if config is not None:
         from skylift.doctor.job import job_facts
 
-        return job_facts(config, config_path=config_path, nproc=nproc, nnodes=nnodes)
+        return job_facts(config, config_path=config_path, nproc=nproc, nnodes=nnodes, memory=memory)
     if source == "launch":
         return JobFacts(source="launch", nproc=nproc, nnodes=nnodes)
     return None
@@ -184,48 +182,6 @@ def _shm(path: Path) -> ShmFacts:
     return ShmFacts(path=str(path), exists=True, total_bytes=usage.total, free_bytes=usage.free)
 
 
-def gather_disks(config: RunConfig | None) -> list[DiskFacts]:
-    """Free space where the run, the cache and local checkpoints would be written."""
-    run_dir = Path(config.run_dir) if config is not None else Path("runs")
-    folders: list[tuple[str, Path]] = [("run_dir", run_dir)]
-    cache = config.data.cache_dir if config is not None else _DEFAULT_CACHE
-    folders.append(("cache", Path(os.path.expanduser(cache))))
-    local = _local_checkpoint_folder(config, run_dir) if config is not None else None
-    if local is not None:
-        folders.append(("checkpoint_local", local))
-    return [_disk(purpose, folder) for purpose, folder in folders]
-
-
-def _local_checkpoint_folder(config: RunConfig, run_dir: Path) -> Path | None:
-    checkpoint = config.checkpoint
-    if checkpoint.local_root:
-        return Path(os.path.expanduser(checkpoint.local_root))
-    root = checkpoint.root or ""
-    if not root:
-        return run_dir / "checkpoints"
-    if root.startswith("file://"):
-        return Path(root.removeprefix("file://"))
-    return None if "://" in root else Path(os.path.expanduser(root))
-
-
-def _disk(purpose: str, folder: Path) -> DiskFacts:
-    existing = folder.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        usage, device = shutil.disk_usage(existing), existing.stat().st_dev
-    except OSError:
-        return DiskFacts(purpose=purpose, path=str(folder), exists=False)  # type: ignore[arg-type]
-    return DiskFacts(
-        purpose=purpose,
-        path=str(folder),
-        exists=folder.exists(),  # type: ignore[arg-type]
-        free_bytes=usage.free,
-        total_bytes=usage.total,
-        device=device,
-    )
-
-
 def detect_container(environ: dict[str, str], root: Path = Path("/")) -> ContainerFacts:
     """Which container runtime this process runs under, and the file that says so."""
     if environ.get("KUBERNETES_SERVICE_HOST"):
@@ -247,7 +203,7 @@ def detect_container(environ: dict[str, str], root: Path = Path("/")) -> Contain
 
 
 def _files_of_interest(facts: Facts) -> dict[str, bool]:
-    from skylift.doctor.nccl import AZURE_NDV5_TOPOLOGY_FILE
+    from skylift.machine.nccl import AZURE_NDV5_TOPOLOGY_FILE
 
     paths = [AZURE_NDV5_TOPOLOGY_FILE, facts.nccl_setting("NCCL_TOPO_FILE")]
     return {path: os.path.isfile(path) for path in paths if path}
@@ -280,11 +236,3 @@ def _notes(facts: Facts) -> list[str]:
 
 def _now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def read_text(path: Path) -> str | None:
-    """The stripped text of a small system file; None when it cannot be read."""
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return None

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from skylift.doctor.facts import DriverFacts, GpuFacts, GpuLinkFacts, TorchFacts
+from skylift.machine.facts import DriverFacts, GpuFacts, GpuLinkFacts, TorchFacts
 
 __all__ = ["gather_gpus", "gather_torch"]
 

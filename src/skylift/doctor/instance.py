@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 
-from skylift.cloud._protocol import TokenSession, http_request
+from skylift.cloud import aliyun, aws
+from skylift.cloud._protocol import http_request
 from skylift.cloud.notice import detect_cloud, metadata_base_url
-from skylift.doctor.facts import CloudFacts
+from skylift.machine.facts import CloudFacts
 
 __all__ = ["INSTANCE_TYPE_PATHS", "gather_cloud"]
 
@@ -29,20 +30,7 @@ INSTANCE_TYPE_PATHS: dict[str, str] = {
     "tencent": "/latest/meta-data/instance/instance-type",
 }
 _HEADERS = {"gcp": {"Metadata-Flavor": "Google"}, "azure": {"Metadata": "true"}}
-_SESSIONS = {
-    "aws": TokenSession(
-        token_path="/latest/api/token",
-        ttl_header="X-aws-ec2-metadata-token-ttl-seconds",
-        token_header="X-aws-ec2-metadata-token",
-        ttl_s=60,
-    ),
-    "aliyun": TokenSession(
-        token_path="/latest/api/token",
-        ttl_header="X-aliyun-ecs-metadata-token-ttl-seconds",
-        token_header="X-aliyun-ecs-metadata-token",
-        ttl_s=60,
-    ),
-}
+_SESSIONS = {"aws": aws.SESSION, "aliyun": aliyun.SESSION}  # the notice watcher's: one token cache
 
 
 def gather_cloud(*, probe_metadata: bool = True, timeout_s: float = 1.0) -> CloudFacts:

@@ -1,11 +1,11 @@
-"""What a run config asks of the machine, as :class:`~skylift.doctor.facts.JobFacts`."""
+"""What a run config asks of the machine, as :class:`~skylift.machine.facts.JobFacts`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from skylift.doctor.facts import JobFacts
 from skylift.errors import SkyliftConfigError
+from skylift.machine.facts import JobFacts
 
 if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
@@ -16,14 +16,18 @@ _GIB = 1024**3
 _LABEL_BYTES = 8  # one int64 class index
 
 
-def job_facts(config: RunConfig, *, config_path: str | None, nproc: int = 1, nnodes: int = 1) -> JobFacts:
-    """The job's shape, loader, disk and memory needs (the memory from a meta trace).
+def job_facts(
+    config: RunConfig, *, config_path: str | None, nproc: int = 1, nnodes: int = 1, memory: bool = True
+) -> JobFacts:
+    """The job's shape, loader, disk and memory needs (the memory from a meta trace, left
+    out without ``memory``: the trace is most of a start-up's cost, and only the checks
+    read it).
 
     Raises:
         SkyliftConfigError: the batch does not divide over the ranks (naming the fields).
     """
-    from skylift.doctor.gather import gather_disks
     from skylift.doctor.memory import estimate_memory
+    from skylift.doctor.system import gather_disks
 
     world_size = nproc * nnodes
     token_budget = config.data.batching == "token_budget"
@@ -50,7 +54,7 @@ def job_facts(config: RunConfig, *, config_path: str | None, nproc: int = 1, nno
         cache_bytes=int(config.data.cache_limit_gib * _GIB) if config.data.url else 0,
         checkpoint_local=config.checkpoint.enabled and local,
         checkpoint_keep=config.checkpoint.keep,
-        memory=estimate_memory(config, rows, world_size),
+        memory=estimate_memory(config, rows, world_size) if memory else None,
     )
 
 

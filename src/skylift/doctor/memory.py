@@ -4,8 +4,9 @@ The model is built on the ``meta`` device (shapes only: no memory, no arithmetic
 seconds even for a ResNet-50), one micro-batch's loss is traced through it, and the
 tensors autograd saves for backward are added up through
 :func:`torch.autograd.graph.saved_tensors_hooks`. Those saved tensors are what a
-step holds at its peak, next to the fp32 weights, their gradients (plus DDP's
-gradient buckets, one more copy, with several ranks) and the optimizer state.
+step holds at its peak, next to the weights, gradients, DDP buckets and optimizer
+state that :func:`skylift.machine.memory.training_memory` adds (the one memory model,
+which ``skylift plan`` fits candidates with too).
 
 It is an estimate: allocator fragmentation, cuBLAS/cuDNN workspaces and the CUDA
 context (a few hundred MiB) come on top, which is why the rule warns from 90 %.
@@ -15,18 +16,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from skylift.doctor.facts import MemoryEstimate
+from skylift.machine.facts import MemoryEstimate
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from skylift.config.schema import RunConfig
+    from skylift.machine.memory import ModelMemory
 
-__all__ = ["estimate_memory", "meta_model_and_batch", "sample_shape"]
-
-_FP32_BYTES = 4
-_HALF_BYTES = 2
+__all__ = ["estimate_memory", "meta_model_and_batch", "sample_shape", "trace_model_memory"]
 
 
 def sample_shape(config: RunConfig) -> tuple[int, tuple[int, ...]] | None:
@@ -41,7 +40,8 @@ def sample_shape(config: RunConfig) -> tuple[int, tuple[int, ...]] | None:
 
 
 def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -> MemoryEstimate:
-    """Peak memory of one rank training ``config`` with ``micro_batch_size`` samples.
+    """Peak memory of one rank training ``config`` with ``micro_batch_size`` samples, by
+    :func:`skylift.machine.memory.training_memory` (the model ``skylift plan`` fits with).
 
     Example:
         >>> estimate_memory(load_config("examples/quickstart.yaml"), 64, 1).total_bytes > 0
@@ -49,31 +49,47 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
     """
     import torch
 
+    from skylift.machine.memory import training_memory
+
     try:
-        model, batch, loss = meta_model_and_batch(config, micro_batch_size)
+        model = trace_model_memory(config, micro_batch_size)
     except Exception as error:  # noqa: BLE001 - an unknown model leaves the estimate out, not the report
         return MemoryEstimate(note=f"model not traced: {type(error).__name__}: {error}")
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parameters = sum(p.numel() for p in model.parameters())
-    from skylift.train.optim import optimizer_state_copies
-
-    optimizer_bytes = trainable * _FP32_BYTES * optimizer_state_copies(config.optim)
-    gradient_copies = 2 if world_size > 1 else 1  # DDP's flattened buckets beside .grad
     half = config.precision in ("fp16", "bf16") or (config.precision == "auto" and torch.cuda.is_available())
-    activation_bytes, note = _saved_tensor_bytes(model, batch, loss, half=half)
-    estimate = MemoryEstimate(
-        parameters=parameters,
-        parameter_bytes=parameters * _FP32_BYTES,
-        gradient_bytes=trainable * _FP32_BYTES * gradient_copies,
-        optimizer_bytes=optimizer_bytes,
-        activation_bytes=activation_bytes,
-        checkpoint_bytes=parameters * _FP32_BYTES + optimizer_bytes,
-        note=note,
+    breakdown = training_memory(model, micro_batch_size, half_precision=half, world_size=world_size)
+    return MemoryEstimate(
+        parameters=model.parameters,
+        parameter_bytes=breakdown.parameter_bytes,
+        gradient_bytes=breakdown.gradient_bytes + breakdown.bucket_bytes,
+        bucket_bytes=breakdown.bucket_bytes,
+        optimizer_bytes=breakdown.optimizer_state_bytes,
+        ema_bytes=breakdown.ema_bytes,
+        autocast_weight_bytes=breakdown.autocast_weight_bytes,
+        activation_bytes=breakdown.activation_bytes,
+        total_bytes=breakdown.total_bytes,
+        checkpoint_bytes=breakdown.parameter_bytes + breakdown.optimizer_state_bytes,
+        note=model.note,
     )
-    estimate.total_bytes = (
-        estimate.parameter_bytes + estimate.gradient_bytes + optimizer_bytes + (activation_bytes or 0)
+
+
+def trace_model_memory(config: RunConfig, micro_batch_size: int) -> ModelMemory:
+    """What training ``config``'s model holds, from a trace of one micro-batch of
+    ``micro_batch_size`` samples on meta; activations ``None`` (with a note) when an op
+    has no meta kernel.
+
+    Raises:
+        Exception: whatever building the model on meta raises (an unknown model, streamed
+            images whose shape is unknown).
+    """
+    from skylift.machine.memory import ModelMemory
+
+    model, batch, loss = meta_model_and_batch(config, micro_batch_size)
+    saved, note = _saved_tensors(model, batch, loss)
+    return ModelMemory.of(
+        model, config.optim, note=note,
+        saved_float_elements_per_sample=None if saved is None else saved[0] / micro_batch_size,
+        saved_other_bytes_per_sample=0.0 if saved is None else saved[1] / micro_batch_size,
     )
-    return estimate
 
 
 def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.Module, Any, Any]:
@@ -124,9 +140,12 @@ def _text_batch(config: RunConfig, micro_batch_size: int) -> tuple[Any, ...]:
     )
 
 
-def _saved_tensor_bytes(model: nn.Module, batch: Any, loss_fn: Any, *, half: bool) -> tuple[int | None, str | None]:
-    """Bytes autograd saves for backward in one forward, each storage counted once and
-    the parameters (counted apart) left out; floating tensors at 2 bytes under autocast."""
+def _saved_tensors(model: nn.Module, batch: Any, loss_fn: Any) -> tuple[tuple[int, int] | None, str | None]:
+    """(floating-point elements, bytes of the other tensors) autograd saves for backward in
+    one forward, each storage counted once and the parameters (counted apart) left out.
+
+    That is what the forward leaves alive for backward: the activation peak, short of an
+    op's own temporaries (its output before the next op saves it, workspaces)."""
     import torch
 
     parameter_ids = {id(parameter) for parameter in model.parameters()}
@@ -143,9 +162,6 @@ def _saved_tensor_bytes(model: nn.Module, batch: Any, loss_fn: Any, *, half: boo
             loss_fn(model, batch)
     except Exception as error:  # noqa: BLE001 - an op without a meta kernel: parameters still count
         return None, f"activations not traced: {type(error).__name__}: {error}"
-
-    def size(tensor: torch.Tensor) -> int:
-        element = _HALF_BYTES if half and tensor.is_floating_point() else tensor.element_size()
-        return tensor.numel() * element
-
-    return sum(size(tensor) for tensor in seen.values()), None
+    floats = sum(tensor.numel() for tensor in seen.values() if tensor.is_floating_point())
+    others = sum(tensor.numel() * tensor.element_size() for tensor in seen.values() if not tensor.is_floating_point())
+    return (floats, others), None

@@ -12,8 +12,8 @@ import glob
 import os
 from pathlib import Path
 
-from skylift.doctor.facts import InterfaceFacts, NetPluginFacts, NetworkFacts, RdmaDeviceFacts
-from skylift.doctor.gather import read_text
+from skylift.doctor.system import read_text
+from skylift.machine.facts import InterfaceFacts, NetPluginFacts, NetworkFacts, RdmaDeviceFacts
 
 __all__ = ["KNOWN_PLUGIN_FOLDERS", "gather_network", "read_nccl_conf"]
 

@@ -10,7 +10,7 @@
       "verdicts": [                  # worst first
         {"rule": "shm", "status": "warn", "reason": "...", "fix": "docker run --ipc=host ..."}
       ],
-      "facts": {...}                 # skylift.doctor.facts.Facts: os, cpu, memory, shm, disks, torch,
+      "facts": {...}                 # skylift.machine.facts.Facts: os, cpu, memory, shm, disks, torch,
                                      # driver, gpus, gpu_links, network, environment, nccl_conf, files,
                                      # container, cloud, packages, notes, job
     }
@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from skylift.doctor.facts import SCHEMA_VERSION, Facts
 from skylift.doctor.redact import Redactor
 from skylift.doctor.rules.resources import format_bytes
 from skylift.doctor.verdicts import Verdict
+from skylift.machine.facts import SCHEMA_VERSION, Facts
 
 __all__ = ["exit_code", "render_json", "render_text", "report_dict", "summary"]
 

@@ -1,6 +1,6 @@
-"""Verdicts and the rule table.
+"""Verdicts and the rule table (:func:`skylift.doctor.rules.evaluate` runs it).
 
-A rule is one small function from :class:`~skylift.doctor.facts.Facts` to a
+A rule is one small function from :class:`~skylift.machine.facts.Facts` to a
 :class:`Finding` (or several, or ``None`` when it does not apply), registered with
 ``@rule("name")``. Adding a check is one function and one test on a recorded fact
 set; rules never read the machine, so they are tested anywhere.
@@ -11,18 +11,19 @@ set; rules never read the machine, so they are tested anywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from skylift.doctor.facts import Facts
+from skylift.machine.facts import Facts
 
-__all__ = ["RULES", "Finding", "Rule", "Status", "Verdict", "evaluate", "rule"]
+__all__ = ["RULES", "STATUS_ORDER", "Finding", "Rule", "Status", "Verdict", "rule"]
 
 Status = Literal["pass", "info", "warn", "fail"]
-_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "info": 2, "pass": 3}
+STATUS_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "info": 2, "pass": 3}
+"""Worst first: how verdicts are sorted."""
 
 
 @dataclass(frozen=True)
@@ -70,17 +71,3 @@ def rule(name: str, *, gate: bool = False) -> Callable[[Check], Check]:
         return check
 
     return register
-
-
-def evaluate(facts: Facts, rules: Iterable[Rule] | None = None, *, gate_only: bool = False) -> list[Verdict]:
-    """Run the rules over ``facts``; verdicts sorted worst first, then by rule order."""
-    import skylift.doctor.rules  # noqa: F401 - registers the built-in rules
-
-    verdicts: list[Verdict] = []
-    for entry in RULES if rules is None else rules:
-        if gate_only and not entry.gate:
-            continue
-        found = entry.check(facts)
-        findings = [] if found is None else found if isinstance(found, list) else [found]
-        verdicts += [Verdict(rule=entry.name, status=f.status, reason=f.reason, fix=f.fix) for f in findings]
-    return sorted(verdicts, key=lambda verdict: _ORDER[verdict.status])

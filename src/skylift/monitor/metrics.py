@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skylift.loop.events import Callback, TrainState
 from skylift.monitor.schema import BREAKDOWN_PHASES
 from skylift.run_dir import RunDirectory
-from skylift.train.events import Callback, TrainState
 
 __all__ = ["RESERVED_TRAIN_FIELDS", "MetricsLogger"]
 

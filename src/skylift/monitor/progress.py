@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from skylift.loop.events import Callback, TrainState
 from skylift.monitor.metrics import MetricsLogger
-from skylift.train.events import Callback, TrainState
 
 __all__ = ["ProgressBar"]
 

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from skylift.config.schema import RunConfig
+from skylift.loop.distributed import DistributedContext
+from skylift.loop.events import Callback, TrainState
 from skylift.monitor.cost import CostLedger, previous_spend_usd
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.schema import read_records
-from skylift.train.distributed import DistributedContext
-from skylift.train.events import Callback, TrainState
 
 __all__ = ["RunMonitor"]
 
@@ -223,7 +223,7 @@ def _device_name(device: torch.device) -> str:
 
 def _nccl_settings() -> dict[str, Any] | None:
     """What skylift's launcher set for NCCL and why (from the workers' environment)."""
-    from skylift.doctor.nccl import recorded_settings
+    from skylift.machine.nccl import recorded_settings
 
     return recorded_settings()
 

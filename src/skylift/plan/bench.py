@@ -119,7 +119,7 @@ def _add_curve(measurement: Measurement, resolved: dict) -> None:
 def _add_traffic(measurement: Measurement, resolved: dict) -> None:
     """Memory traffic per sample from a meta trace of the job's model at its micro-batch."""
     from skylift.config.schema import RunConfig
-    from skylift.monitor.flops import precision_class
+    from skylift.machine.gpus import precision_class
     from skylift.plan.traffic import trace_step_traffic
 
     half = precision_class(measurement.precision) == "half"

@@ -14,6 +14,10 @@ The measured step is split into parts that scale with different resources::
 Compute keeps the efficiency measured here (the measured fraction of peak) unless an
 efficiency is given: a CPU's efficiency says little about a GPU's, and the plan says so.
 Every figure the model takes that is not measured is returned as an assumption.
+
+Whether the job fits a GPU is :func:`skylift.machine.memory.training_memory`, the model
+``skylift doctor`` judges with, at the precision and rank count of the target; where a
+micro-batch does not fit, accumulation splits it (the global batch kept).
 """
 
 from __future__ import annotations
@@ -21,16 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from skylift.monitor.flops import gpu_spec, precision_class
+from skylift.machine.gpus import gpu_spec, precision_class
+from skylift.machine.memory import MEMORY_HEADROOM, MemoryBreakdown, ModelMemory, training_memory
 from skylift.plan.measurement import Measurement
 
-__all__ = ["MEMORY_HEADROOM", "OPTIMIZER_STATE_COPIES", "StepPrediction", "Target", "predict_step"]
-
-OPTIMIZER_STATE_COPIES = 4
-"""fp32 copies of the weights a GPU holds for training with Adam: weights, gradients and two moments."""
-
-MEMORY_HEADROOM = 0.9
-"""Share of a GPU's memory the plan lets the job use (the CUDA context and fragmentation take the rest)."""
+__all__ = ["StepPrediction", "Target", "predict_step"]
 
 
 @dataclass(kw_only=True)
@@ -73,18 +72,23 @@ class StepPrediction:
     accumulation_steps: int = 1
     micro_batch_size: int | None = None
     memory_needed_bytes: float | None = None
+    memory: MemoryBreakdown | None = None
+    """One rank's peak at the chosen micro-batch (``None``: not checked)."""
     dropped: str | None = None
     """Why the target cannot run the job (does not fit, batch does not divide); else None."""
     assumptions: list[str] = field(default_factory=list)
 
 
-def predict_step(measurement: Measurement, target: Target, global_batch_size: int | None = None) -> StepPrediction:
+def predict_step(measurement: Measurement, target: Target, global_batch_size: int | None = None,
+                 memory: ModelMemory | None = None) -> StepPrediction:
     """Predict one optimizer step of the measured job on ``target``.
 
     Args:
         global_batch_size: the job's global batch (default: the measured one). Work per
             sample scales with the samples each rank gets; per-step work (optimizer,
             all-reduce, loop overhead) does not.
+        memory: the job's model as the meta trace sees it (``None``: the fit is not checked,
+            which the assumptions say).
     """
     m = measurement
     batch = global_batch_size or m.global_batch_size
@@ -93,7 +97,7 @@ def predict_step(measurement: Measurement, target: Target, global_batch_size: in
                               dropped=f"global batch {batch} does not divide by {target.world_size} ranks")  # fmt: skip
     assumptions: list[str] = []
     samples_ratio = (batch / target.world_size) / (m.global_batch_size / m.world_size)
-    fit = _fit(m, target, batch, assumptions)
+    fit = _fit(m, target, batch, memory, assumptions)
     accumulation, micro = (fit[0], fit[1]) if not isinstance(fit, str) else (1, batch // target.world_size)
     parts = {
         "compute": _compute_s(m, target, samples_ratio, batch, assumptions, micro_steps=(accumulation, micro)),
@@ -104,10 +108,11 @@ def predict_step(measurement: Measurement, target: Target, global_batch_size: in
     }
     if isinstance(fit, str):
         return StepPrediction(step_time_s=None, samples_per_s=None, parts_s=parts, dropped=fit, assumptions=assumptions)
-    needed = fit[2]
+    breakdown = fit[2]
     step_s = sum(parts.values())
     return StepPrediction(step_time_s=step_s, samples_per_s=batch / step_s, parts_s=parts,
-                          accumulation_steps=accumulation, micro_batch_size=micro, memory_needed_bytes=needed,
+                          accumulation_steps=accumulation, micro_batch_size=micro,
+                          memory_needed_bytes=breakdown.total_bytes if breakdown else None, memory=breakdown,
                           assumptions=assumptions)  # fmt: skip
 
 
@@ -244,34 +249,34 @@ def _communication_s(m: Measurement, target: Target, assumptions: list[str]) -> 
     return seconds
 
 
-def _fit(m: Measurement, target: Target, batch: int, assumptions: list[str]) -> tuple[int, int, float | None] | str:
-    """(accumulation, micro-batch, bytes needed), or why the job does not fit one GPU."""
+def _fit(m: Measurement, target: Target, batch: int, memory: ModelMemory | None,
+         assumptions: list[str]) -> tuple[int, int, MemoryBreakdown | None] | str:
+    """(accumulation, micro-batch, one rank's memory), or why the job does not fit one GPU."""
     micro = batch // target.world_size
-    if target.device_memory_bytes is None or not m.model_bytes:
+    if target.device_memory_bytes is None:
         return 1, micro, None
-    state_bytes = OPTIMIZER_STATE_COPIES * m.model_bytes
-    usable = MEMORY_HEADROOM * target.device_memory_bytes
-    per_sample = _activation_bytes_per_sample(m, state_bytes)
-    if state_bytes >= usable:
-        return f"does not fit: model state {state_bytes / 2**30:.1f} GiB > {usable / 2**30:.1f} GiB usable"
-    accumulation = max(1, math.ceil(per_sample * micro / (usable - state_bytes)))
-    while micro % accumulation:
+    if memory is None or memory.saved_float_elements_per_sample is None:
+        reason = memory.note if memory is not None and memory.note else "the model was not traced"
+        assumptions.append(f"{target.name}: memory fit not checked ({reason})")
+        return 1, micro, None
+    half = precision_class(target_precision(m) if target.device == "cuda" else m.precision) == "half"
+
+    def at(size: int) -> MemoryBreakdown:
+        return training_memory(memory, size, half_precision=half, world_size=target.world_size)
+
+    capacity = target.device_memory_bytes
+    usable_gib = MEMORY_HEADROOM * capacity / 2**30
+    if not at(0).fits(capacity):
+        return f"does not fit: model state {at(0).total_bytes / 2**30:.1f} GiB > {usable_gib:.1f} GiB usable"
+    accumulation = 1
+    while micro % accumulation or not at(micro // accumulation).fits(capacity):
         accumulation += 1
-    if accumulation > micro:
-        return "does not fit: one sample's activations exceed the GPU's memory"
+        if accumulation > micro:
+            return f"does not fit: one sample's activations exceed the {usable_gib:.1f} GiB usable"
     if accumulation > 1:
         assumptions.append(f"{target.name}: accumulation {accumulation} so a micro-batch of "
                            f"{micro // accumulation} fits (global batch kept)")  # fmt: skip
-    return accumulation, micro // accumulation, state_bytes + per_sample * micro / accumulation
-
-
-def _activation_bytes_per_sample(m: Measurement, state_bytes: float) -> float:
-    if m.peak_device_memory_bytes:
-        peak = m.peak_device_memory_bytes
-    else:
-        # On a CPU the process's growth over a bare torch import stands in for device memory.
-        peak = (m.peak_host_memory_bytes or 0) - (m.baseline_host_memory_bytes or 0)
-    return max(0.0, peak - state_bytes) / m.micro_batch_size
+    return accumulation, micro // accumulation, at(micro // accumulation)
 
 
 def target_precision(m: Measurement) -> str:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from skylift.errors import SkyliftConfigError
 from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
-from skylift.plan.model import MEMORY_HEADROOM, OPTIMIZER_STATE_COPIES, predict_step, target_precision
+from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory
+from skylift.plan.model import predict_step, target_precision
 from skylift.plan.ranking import (
     Candidate,
     PlanRequest,
@@ -41,12 +42,6 @@ class Plan:
             "assumptions": self.assumptions,
         }
 
-    def render(self) -> str:
-        """The ranked table, the dropped candidates with reasons, then the assumptions."""
-        from skylift.plan.render import render_plan
-
-        return render_plan(self)
-
 
 def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: Callable[[str], None]) -> Plan:
     """Everything ``skylift plan`` does, from its parsed arguments."""
@@ -66,7 +61,7 @@ def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: C
         efficiency=args.efficiency, interruptions_per_hour=rate,
         restart_s=restart_minutes * 60.0, checkpoint_every_minutes=config.checkpoint.every_minutes,
         checkpoint_async=config.checkpoint.async_save, global_batch_size=config.data.global_batch_size,
-        samples_per_epoch=args.samples_per_epoch,
+        samples_per_epoch=args.samples_per_epoch, memory=_model_memory(config, measurement),
     )  # fmt: skip
     if args.samples_per_epoch is not None and args.samples_per_epoch < 1:
         raise SkyliftConfigError("--samples-per-epoch must be at least 1", "e.g. --samples-per-epoch 1281167")
@@ -119,7 +114,7 @@ def _local_candidate(measurement: Measurement, nproc: int, threads: int | None, 
     if nproc < 1:
         raise SkyliftConfigError("--nproc must be at least 1", "e.g. skylift plan CONFIG --machine local --nproc 2")
     target = local_target(measurement, nproc, threads)
-    prediction = predict_step(measurement, target, request.global_batch_size)
+    prediction = predict_step(measurement, target, request.global_batch_size, request.memory)
     candidate = Candidate(instance="local", provider="local", count=nproc, spot=False, prediction=prediction,
                           price_status="local")  # fmt: skip
     if prediction.dropped:
@@ -140,8 +135,7 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
            else f"{m.steps_per_epoch * m.global_batch_size:,} samples per epoch, as in the measured run"),
         (f"GPU targets train in {target_precision(m)} (config precision: {m.configured_precision}); peaks and "
         "memory bandwidth from the GPU table shared with the monitor's MFU (dense, data sheets)"),
-        (f"memory fit: {OPTIMIZER_STATE_COPIES} fp32 copies of the model (weights, gradients, Adam moments) + "
-        f"measured activations per sample, within {MEMORY_HEADROOM:.0%} of GPU memory"),
+        _memory_assumption(request.memory),
         "spot: interruptions per instance-hour "
         + ", ".join(f"{provider} {rate:g}" for provider, rate in interruption_rates(request).items())
         + (" (yours: plan.interruptions_per_hour or --interruptions-per-hour)" if request.interruptions_per_hour
@@ -161,6 +155,27 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
                 seen.add(general)
                 lines.append(general)
     return lines
+
+
+def _model_memory(config, measurement: Measurement) -> ModelMemory | None:  # noqa: ANN001 - RunConfig
+    """The job's model traced on meta at the measured micro-batch, as ``skylift doctor`` traces it."""
+    from skylift.doctor.memory import trace_model_memory
+
+    try:
+        return trace_model_memory(config, measurement.micro_batch_size)
+    except Exception as error:  # noqa: BLE001 - the plan goes on; its assumptions say the fit is unchecked
+        return ModelMemory(parameters=0, trainable_parameters=0, optimizer_state_copies=0,
+                           note=f"model not traced: {type(error).__name__}: {error}")
+
+
+def _memory_assumption(memory: ModelMemory | None) -> str:
+    if memory is None or memory.saved_float_elements_per_sample is None:
+        return "memory fit: not checked (the model's activations were not traced)"
+    state = (f"fp32 weights and gradients, {memory.optimizer_state_copies} optimizer state cop"
+             f"{'y' if memory.optimizer_state_copies == 1 else 'ies'}" + (", an EMA copy" if memory.ema else ""))
+    return (f"memory fit: {state}, DDP buckets with several GPUs, half weight copies under bf16/fp16, and the "
+            f"tensors saved for backward (meta trace), within {MEMORY_HEADROOM:.0%} of GPU memory; the same "
+            "model as skylift doctor's")
 
 
 def _seconds(value: float | None) -> str:

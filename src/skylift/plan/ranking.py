@@ -10,11 +10,12 @@ and overridable with ``--interruptions-per-hour``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from skylift.catalog import InstanceRow
-from skylift.monitor.flops import gpu_spec
+from skylift.machine.memory import ModelMemory
+from skylift.machine.gpus import gpu_spec
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import StepPrediction, Target, predict_step, target_precision
 
@@ -53,6 +54,8 @@ class PlanRequest:
     """The job's global batch (default: the measured one)."""
     samples_per_epoch: int | None = None
     """Training samples per epoch of the real job (default: the measured run's dataset)."""
+    memory: ModelMemory | None = None
+    """The job's model as the meta trace sees it, for the memory fit (``None``: not checked)."""
 
 
 @dataclass(kw_only=True)
@@ -85,6 +88,7 @@ class Candidate:
             "price_status": self.price_status, "expected_interruptions": self.expected_interruptions,
             "spot_savings_usd": self.spot_savings_usd, "accumulation_steps": p.accumulation_steps,
             "micro_batch_size": p.micro_batch_size, "step_parts_s": p.parts_s, "dropped": self.dropped,
+            "memory_bytes": None if p.memory is None else {**asdict(p.memory), "total_bytes": p.memory.total_bytes},
         }  # fmt: skip
 
 
@@ -136,7 +140,7 @@ def plan_candidates(measurement: Measurement, rows: list[InstanceRow], request: 
     for row in rows:
         for nodes in request.node_counts:
             target = row_target(row, measurement, nodes, request.efficiency)
-            prediction = (predict_step(measurement, target, request.global_batch_size) if target else
+            prediction = (predict_step(measurement, target, request.global_batch_size, request.memory) if target else
                           StepPrediction(step_time_s=None, samples_per_s=None,
                                          dropped=f"GPU {row.gpu_model} has no peak in the GPU table"))  # fmt: skip
             # A row without any price gets one line: spot and on-demand would say the same.

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
     from skylift.recipes.base import Recipe
 
-__all__ = ["RECIPES", "Recipe", "build_recipe", "recipe_class", "recipe_class_named"]
+__all__ = ["RECIPES", "Recipe", "build_recipe", "check_recipe_args", "recipe_class", "recipe_class_named"]
 
 
 def __getattr__(name: str):
@@ -52,6 +52,18 @@ def recipe_class(config: RunConfig) -> type[Recipe]:
             "and eval_sums (see examples/own_recipe/)",
         )
     return found
+
+
+def check_recipe_args(config: RunConfig) -> None:
+    """Validate ``recipe.args`` against the recipe's ``Args`` (raises SkyliftConfigError
+    naming each key). A built-in recipe's are checked without importing it (no torch);
+    the user's recipe is imported, so a bad import path fails here too."""
+    from skylift.recipes.args import check_builtin_recipe_args
+
+    if config.recipe.name in RECIPES:
+        check_builtin_recipe_args(config)
+    else:
+        recipe_class(config).parse_args(config)
 
 
 def build_recipe(config: RunConfig) -> Recipe:

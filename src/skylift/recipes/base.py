@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from torch import nn
 
 from skylift.data.datasets import DatasetSplit
@@ -60,19 +60,9 @@ class Recipe:
     @classmethod
     def validate_args(cls, given: dict[str, Any]) -> Any:
         """``given`` (the ``recipe.args`` mapping) as an ``Args`` instance, or ``None``."""
-        from skylift.config.load import describe_errors
-        from skylift.errors import SkyliftConfigError
+        from skylift.recipes.args import validate_recipe_args
 
-        if cls.Args is None:
-            if given:
-                raise SkyliftConfigError(f"recipe.args: {cls.__name__} takes no args (got {sorted(given)})",
-                                         hint=f"Remove recipe.args, or give {cls.__name__} an Args pydantic model")
-            return None
-        try:
-            return cls.Args.model_validate(given)
-        except ValidationError as error:
-            raise SkyliftConfigError(describe_errors(error, cls.Args, ("recipe", "args")),
-                                     hint=f"Fix recipe.args; {cls.__name__}.Args defines them") from None
+        return validate_recipe_args(cls.__name__, cls.Args, given)
 
     def build_datasets(self) -> DatasetSplit:
         raise NotImplementedError

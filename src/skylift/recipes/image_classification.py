@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from skylift.config.schema import RunConfig
 from skylift.data import datasets
 from skylift.data.datasets import DatasetSplit
 from skylift.data.images import DeviceDecoder, EncodedBatch, ImageDecoder, ImageTransformSpec, RawJpeg, encoded_collate
+from skylift.recipes.args import ImageClassificationArgs
 from skylift.recipes.base import Recipe, classification_sums
 
 __all__ = ["ImageClassification", "SmallCNN", "build_model"]
@@ -79,31 +79,7 @@ class ImageClassification(Recipe):
     decoded and augmented in the DataLoader workers by torchvision v2 transforms:
     RandomResizedCrop + flip for training, Resize + CenterCrop for evaluation."""
 
-    class Args(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
-        """Cross-entropy label smoothing (the torchvision and NVIDIA ResNet recipes: 0.1)."""
-        crop_size: int | None = Field(default=None, ge=8)
-        """Training and evaluation crop in pixels; default ``data.image_size``."""
-        resize_size: int | None = Field(default=None, ge=8)
-        """Evaluation: shorter side resized to this before the centre crop; default
-        crop_size / 0.875 (256 for a 224 crop)."""
-        crop_scale: tuple[float, float] = (0.08, 1.0)
-        """RandomResizedCrop's range of the crop's share of the image's area."""
-        hflip: bool = True
-        """Random horizontal flips in training."""
-        decode_on: Literal["workers", "device"] = "workers"
-        """Where JPEGs are decoded and augmented: in the DataLoader workers (CPU; about 330
-        images/s per core at ImageNet sizes), or on the device in batches (nvJPEG on a
-        GPU, for when the CPUs cannot keep up); the pixels are the same."""
-
-        @model_validator(mode="after")
-        def _scale_ordered(self) -> ImageClassification.Args:
-            low, high = self.crop_scale
-            if not 0.0 < low <= high <= 1.0:
-                raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1 (got {self.crop_scale})")
-            return self
+    Args = ImageClassificationArgs
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)

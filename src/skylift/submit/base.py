@@ -2,6 +2,9 @@
 
 A platform module (``skylift.submit.<name>``) exposes:
 
+* ``problems(options, checkpoint_root) -> list[Problem]``: what the platform needs beyond
+  the common checks (:mod:`skylift.submit.checks`), all at once; ``OBJECT_STORES``: the
+  schemes it reads the checkpoint root and the data from (absent: any object store);
 * ``build(job: JobSpec) -> SubmitRequest``: the exact request, nothing sent;
 * ``send(request: SubmitRequest) -> JobRef``: create the job;
 * ``status(ref) -> JobStatus``, ``logs(ref) -> list[str]``, ``stop(ref) -> None``.
@@ -124,7 +127,7 @@ class PlatformError(SkyliftError):
 @contextmanager
 def vendor_errors(platform: str, *error_types: type[BaseException]) -> Iterator[None]:
     """Turn the vendor SDK's errors into :class:`PlatformError` naming the platform."""
-    from skylift.submit.redact import redact
+    from skylift.cloud.redact import redact
 
     try:
         yield

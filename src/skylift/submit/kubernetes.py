@@ -22,9 +22,10 @@ from typing import Any
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, import_sdk, vendor_errors
 from skylift.config.submit import SubmitConfig
+from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.spec import JobSpec
 
-__all__ = ["SPOT_SCHEDULING", "build", "logs", "send", "status", "stop"]
+__all__ = ["SPOT_SCHEDULING", "build", "logs", "problems", "send", "status", "stop"]
 
 TRAINER_API = ("trainer.kubeflow.org", "v1alpha1")
 TRAINING_OPERATOR_API = ("kubeflow.org", "v1")
@@ -51,13 +52,18 @@ _CONDITION_STATES: tuple[tuple[str, JobState], ...] = (
 _NOTICE_CLOUD = {"eks": "aws", "gke": "gcp", "aks": "azure", "ack": "aliyun", "tke": "tencent"}
 
 
+def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
+    """What Kubernetes needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    if options.spot and options.kubernetes.cloud == "none":
+        return [Problem("submit.kubernetes.cloud", "--spot on Kubernetes needs the cluster flavour for its spot node "
+                        "labels (eks, gke, aks, ack or tke)",
+                        ("--set", "submit.kubernetes.cloud=<eks|gke|aks|ack|tke>"))]
+    return []
+
+
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    if options.spot and options.kubernetes.cloud == "none":
-        raise SkyliftConfigError(
-            "--spot on Kubernetes needs the cluster flavour for its spot node labels: submit.kubernetes.cloud",
-            hint="Add: --set submit.kubernetes.cloud=eks   (or gke, aks, ack, tke)",
-        )
+    require(request_problems("k8s", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
     target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
     if options.kubernetes.api == "pytorchjob":
         return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job))

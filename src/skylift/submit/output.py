@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from skylift.submit.base import MODULES, JobRef, JobStatus, SubmitRequest
-from skylift.submit.redact import redact
+from skylift.cloud.redact import redact
 
 __all__ = ["exit_code", "print_request", "print_status", "print_submitted", "request_document"]
 

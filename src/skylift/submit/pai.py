@@ -20,9 +20,20 @@ from typing import Any
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
 from skylift.config.submit import SubmitConfig
-from skylift.submit.spec import JobSpec, object_store_url
+from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit.spec import JobSpec
 
-__all__ = ["CHECKPOINT_MOUNT", "DEFAULT_SPOT_DISCOUNT_LIMIT", "build", "logs", "send", "status", "stop"]
+__all__ = [
+    "CHECKPOINT_MOUNT",
+    "DEFAULT_SPOT_DISCOUNT_LIMIT",
+    "OBJECT_STORES",
+    "build",
+    "logs",
+    "problems",
+    "send",
+    "status",
+    "stop",
+]
 
 CHECKPOINT_MOUNT = "/mnt/skylift/checkpoints"
 DATA_MOUNT = "/mnt/skylift/data"
@@ -41,16 +52,30 @@ _CREDENTIALS_HINT = (
 )
 
 
+OBJECT_STORES = ("oss",)
+"""Where PAI-DLC mounts the checkpoint root and the data from."""
+
+
+def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
+    """What PAI-DLC needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    found = []
+    if not options.instance_type:
+        found.append(Problem("--instance (submit.instance_type)", "PAI-DLC needs an EcsSpec, e.g. "
+                             "ecs.gn7i-c8g1.2xlarge", ("--instance", "<ecs-spec>")))
+    if not options.region:
+        found.append(Problem("--region (submit.region)", "PAI-DLC needs the region the job runs in, e.g. "
+                             "cn-hangzhou", ("--region", "<region>")))
+    return found
+
+
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    if not options.instance_type:
-        raise SkyliftConfigError("PAI-DLC needs --instance (an EcsSpec), e.g. --instance ecs.gn7i-c8g1.2xlarge")
-    checkpoint_uri = object_store_url(job.checkpoint_root, ("oss",), "checkpoint.root", "PAI-DLC")
+    require(request_problems("pai", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    checkpoint_uri = job.checkpoint_root
     sources = [{"Uri": checkpoint_uri + "/", "MountPath": CHECKPOINT_MOUNT, "MountAccess": "RW"}]
     overrides = {"checkpoint.root": CHECKPOINT_MOUNT, **job.grace_overrides(RECLAIM_GRACE_S)}
     for channel, field_name, url in (("train", "data.url", job.data_url), ("validation", "data.val_url", job.val_url)):
         if url is not None:
-            object_store_url(url, ("oss",), field_name, "PAI-DLC")
             sources.append({"Uri": url.rstrip("/") + "/", "MountPath": f"{DATA_MOUNT}/{channel}", "MountAccess": "RO"})
             overrides[field_name] = f"{DATA_MOUNT}/{channel}"
     spec: dict[str, Any] = {

@@ -24,7 +24,7 @@ from typing import Any
 
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef
-from skylift.submit.redact import redact
+from skylift.cloud.redact import redact
 from skylift.submit.spec import JobSpec, endpoint_for, job_from_inputs
 
 __all__ = ["JOBS_DIR_VARIABLE", "CannotResubmit", "JobRecord", "find", "job_for", "jobs_dir", "new_record",

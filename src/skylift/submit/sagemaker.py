@@ -24,9 +24,20 @@ from skylift.submit.base import (
     vendor_errors,
 )
 from skylift.config.submit import SubmitConfig
-from skylift.submit.spec import JobSpec, object_store_url, parse_store_url
+from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit.spec import JobSpec, parse_store_url
 
-__all__ = ["CHECKPOINT_LOCAL_PATH", "STOP_GRACE_S", "build", "logs", "send", "status", "stop"]
+__all__ = [
+    "CHECKPOINT_LOCAL_PATH",
+    "OBJECT_STORES",
+    "STOP_GRACE_S",
+    "build",
+    "logs",
+    "problems",
+    "send",
+    "status",
+    "stop",
+]
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 STOP_GRACE_S = 120.0
@@ -43,18 +54,28 @@ _STATES: dict[str, JobState] = {
 }
 
 
+OBJECT_STORES = ("s3",)
+"""Where SageMaker reads the checkpoint root and the data from."""
+
+
+def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
+    """What SageMaker needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    found = []
+    if not options.sagemaker.role_arn:
+        found.append(Problem("submit.sagemaker.role_arn", "SageMaker needs the IAM role the job runs as (list "
+                             "roles with: aws iam list-roles --query 'Roles[].Arn')",
+                             ("--set", "submit.sagemaker.role_arn=arn:aws:iam::<account>:role/<role>")))
+    if not options.instance_type:
+        found.append(Problem("--instance (submit.instance_type)", "SageMaker needs an instance type, e.g. "
+                             "ml.p4d.24xlarge", ("--instance", "<instance-type>")))
+    return found
+
+
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
+    require(request_problems("sagemaker", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
     role_arn = options.sagemaker.role_arn
-    if not role_arn:
-        raise SkyliftConfigError(
-            "SageMaker needs the IAM role the job runs as: submit.sagemaker.role_arn",
-            hint="Add: --set submit.sagemaker.role_arn=arn:aws:iam::ACCOUNT:role/ROLE "
-            "(list roles with: aws iam list-roles --query 'Roles[].Arn')",
-        )
-    if not options.instance_type:
-        raise SkyliftConfigError("SageMaker needs --instance, e.g. --instance ml.p4d.24xlarge")
-    checkpoint_uri = object_store_url(job.checkpoint_root, ("s3",), "checkpoint.root", "SageMaker")
+    checkpoint_uri = job.checkpoint_root
     _, bucket, _ = parse_store_url(checkpoint_uri)
     channels, data_overrides = _channels(job)
     checkpoint_config, checkpoint_overrides = _checkpointing(job, checkpoint_uri)
@@ -117,7 +138,6 @@ def _channels(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
     for channel, field_name, url in (("train", "data.url", job.data_url), ("validation", "data.val_url", job.val_url)):
         if url is None:
             continue
-        object_store_url(url, ("s3",), field_name, "SageMaker")
         channels.append({
             "ChannelName": channel,
             "DataSource": {"S3DataSource": {

@@ -21,9 +21,10 @@ import yaml
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, PlatformError, SubmitRequest
 from skylift.config.submit import SubmitConfig
+from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.spec import JobSpec
 
-__all__ = ["build", "logs", "send", "status", "stop", "task_yaml"]
+__all__ = ["build", "logs", "problems", "send", "status", "stop", "task_yaml"]
 
 EXIT_REQUEUE = 143
 _STATES: dict[str, JobState] = {
@@ -34,8 +35,17 @@ _STATES: dict[str, JobState] = {
 }
 
 
+def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
+    """What SkyPilot needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    if options.region and not options.skypilot.infra:
+        return [Problem("--region", "SkyPilot takes the region inside submit.skypilot.infra, not --region",
+                        ("--set", f"submit.skypilot.infra=aws/{options.region}"), drop=("--region",))]
+    return []
+
+
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
+    require(request_problems("skypilot", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
     resources: dict[str, Any] = {
         "image_id": f"docker:{options.image}",
         "use_spot": options.spot,
@@ -51,11 +61,6 @@ def build(job: JobSpec) -> SubmitRequest:
         resources[key] = options.instance_type
     if options.skypilot.infra:
         resources["infra"] = options.skypilot.infra
-    elif options.region:
-        raise SkyliftConfigError(
-            "SkyPilot takes the region inside submit.skypilot.infra, not --region",
-            hint=f"Use: --set submit.skypilot.infra=aws/{options.region}",
-        )
     if options.skypilot.disk_size_gib:
         resources["disk_size"] = options.skypilot.disk_size_gib
     task = {

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
+from skylift.submit.checks import common_problems, parse_store_url, request_problems, require
 
 __all__ = [
     "JobSpec",
@@ -27,7 +28,6 @@ __all__ = [
     "job_from_inputs",
     "job_spec_from",
     "load_run_and_submit",
-    "object_store_url",
     "parse_store_url",
     "parse_submit",
     "with_flags",
@@ -55,6 +55,11 @@ class JobSpec:
     @property
     def envs(self) -> dict[str, str]:
         return dict(self.options.envs)
+
+    @property
+    def data_urls(self) -> dict[str, str | None]:
+        """The data the job reads, by the config field that names it."""
+        return {"data.url": self.data_url, "data.val_url": self.val_url}
 
     def command(self, overrides: dict[str, str] | None = None) -> list[str]:
         """``skylift run`` argv for inside the image; ``overrides`` are the platform's own."""
@@ -89,8 +94,10 @@ class JobSpec:
 def load_run_and_submit(path: str, overrides: list[str]):  # noqa: ANN201 - (RunConfig, SubmitConfig)
     """The run config and its ``submit`` section, from the YAML and ``--set`` overrides."""
     from skylift.config.load import load_config
+    from skylift.recipes.args import check_builtin_recipe_args
 
     config = load_config(path, overrides)
+    check_builtin_recipe_args(config)  # a bad built-in recipe arg fails before any job is sent
     return config, config.submit
 
 
@@ -119,13 +126,19 @@ def endpoint_for(options: SubmitConfig, platform: str) -> str | None:
 
 
 def job_from_inputs(config_path: str, overrides: list[str] | tuple[str, ...], flags: dict[str, Any],
-                    config_argument: str | None = None) -> JobSpec:
+                    config_argument: str | None = None, *, platform: str | None = None,
+                    command: list[str] | None = None) -> JobSpec:
     """The job ``skylift submit CONFIG --set ... FLAGS`` makes: the config at
     ``config_path`` with ``overrides``, then the flags (``with_flags`` names);
     ``config_argument`` is the path the command inside the image names (default
-    ``config_path``)."""
+    ``config_path``). With ``platform``, everything that platform needs is checked at
+    once; ``command`` (the argv that was run) then ends the error as the command that
+    would pass."""
     config, options = load_run_and_submit(config_path, list(overrides))
     options = with_flags(options, **flags)
+    if platform is not None:
+        require(request_problems(platform, options, checkpoint_enabled=config.checkpoint.enabled,
+                                 checkpoint_root=config.checkpoint.root, data_urls=_data_urls(config)), command)
     run_overrides = [item for item in overrides if not item.startswith("submit.")]
     return job_spec_from(config, options, config_argument or config_path, run_overrides)
 
@@ -133,18 +146,9 @@ def job_from_inputs(config_path: str, overrides: list[str] | tuple[str, ...], fl
 def job_spec_from(config: Any, options: SubmitConfig, config_path: str, run_overrides: list[str],
                   now: datetime | None = None) -> JobSpec:
     """Check what every platform needs and make the job."""
-    if not options.image:
-        raise SkyliftConfigError(
-            "no container image: give --image URI (or submit.image)",
-            hint="Build one with: skylift dockerfile CONFIG, then push it and pass --image",
-        )
     root = config.checkpoint.root
-    if not config.checkpoint.enabled or not root or "://" not in root or root.startswith("file://"):
-        raise SkyliftConfigError(
-            f"checkpoint.root is {root!r}: a job on rented machines must checkpoint to an object store, "
-            "or a reclaimed job cannot resume",
-            hint=f"Set it, e.g.: skylift submit {config_path} --set checkpoint.root=s3://BUCKET/PREFIX ...",
-        )
+    require(common_problems(options.image, checkpoint_enabled=config.checkpoint.enabled, checkpoint_root=root,
+                            data_urls=_data_urls(config)))
     prefix = options.name or f"skylift-{Path(str(config.run_dir)).name}"
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
     return JobSpec(
@@ -159,25 +163,8 @@ def job_spec_from(config: Any, options: SubmitConfig, config_path: str, run_over
     )
 
 
-def parse_store_url(url: str) -> tuple[str, str, str]:
-    """``scheme://bucket/key`` -> (scheme, bucket, key without slashes at the ends)."""
-    scheme, _, rest = url.partition("://")
-    bucket, _, key = rest.partition("/")
-    return scheme, bucket, key.strip("/")
-
-
-def object_store_url(url: str | None, schemes: tuple[str, ...], field_name: str, platform: str) -> str | None:
-    """``url`` if it is on one of ``schemes`` (the platform's store), else a clear error."""
-    if url is None:
-        return None
-    scheme, bucket, _ = parse_store_url(url)
-    if scheme not in schemes or not bucket:
-        wanted = " or ".join(f"{item}://BUCKET/PREFIX" for item in schemes)
-        raise SkyliftConfigError(
-            f"{field_name} is {url!r}; {platform} reads it from its own object store: {wanted}",
-            hint=f"Copy the data there, then: --set {field_name}={schemes[0]}://BUCKET/PREFIX",
-        )
-    return url
+def _data_urls(config: Any) -> dict[str, str | None]:
+    return {"data.url": config.data.url, "data.val_url": config.data.val_url}
 
 
 def _clip(name: str) -> str:

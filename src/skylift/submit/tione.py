@@ -25,10 +25,11 @@ from typing import Any
 from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
-from skylift.submit.redact import is_secret_name
-from skylift.submit.spec import JobSpec, object_store_url, parse_store_url
+from skylift.cloud.redact import is_secret_name
+from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit.spec import JobSpec, parse_store_url
 
-__all__ = ["build", "logs", "send", "status", "stop"]
+__all__ = ["OBJECT_STORES", "build", "logs", "problems", "send", "status", "stop"]
 
 _DATA_ROOT = "/opt/ml/input/data"
 _RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|竞价|回收", re.I)
@@ -42,22 +43,37 @@ _CREDENTIALS_HINT = (
 )
 
 
+OBJECT_STORES = ("cos",)
+"""Where TI-ONE reads the data from (and skylift writes the checkpoints to)."""
+
+
+def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
+    """What TI-ONE needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    found = []
+    if not options.instance_type and options.tione.charge_type == "POSTPAID_BY_HOUR":
+        found.append(Problem("--instance (submit.instance_type)", "a POSTPAID_BY_HOUR TI-ONE task needs a billing "
+                             "spec, e.g. TI.GN7.2XLARGE32.POST", ("--instance", "<billing-spec>")))
+    if options.tione.charge_type == "PREPAID" and not options.tione.resource_group_id:
+        found.append(Problem("submit.tione.resource_group_id", "a PREPAID TI-ONE task runs in a resource group",
+                             ("--set", "submit.tione.resource_group_id=<resource-group-id>")))
+    if not options.region:
+        found.append(Problem("--region (submit.region)", "TI-ONE needs the region the task runs in, e.g. "
+                             "ap-guangzhou", ("--region", "<region>")))
+    if options.tione.cos_keys_from is None:
+        found.append(Problem("submit.tione.cos_keys_from", f"is not set: inside the TI-ONE task skylift writes "
+                             f"checkpoints to {checkpoint_root or 'checkpoint.root'} itself, with boto3's credential "
+                             "chain, and TI-ONE gives a training container no documented COS keys "
+                             "(CreateTrainingTask has no role field); skylift puts none in the request. Give the "
+                             "image a source (an AWS config whose credential_process prints temporary keys, or "
+                             "AWS_CONFIG_FILE in submit.envs naming a file on a mounted volume), then say so",
+                             ("--set", "submit.tione.cos_keys_from=image")))
+    return found
+
+
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    if not options.instance_type and options.tione.charge_type == "POSTPAID_BY_HOUR":
-        raise SkyliftConfigError("TI-ONE needs --instance (a billing spec), e.g. --instance TI.GN7.2XLARGE32.POST")
-    if not options.region:
-        raise SkyliftConfigError("TI-ONE needs --region, e.g. --region ap-guangzhou")
-    checkpoint_uri = object_store_url(job.checkpoint_root, ("cos",), "checkpoint.root", "TI-ONE")
-    if options.tione.cos_keys_from is None:
-        raise SkyliftConfigError(
-            f"submit.tione.cos_keys_from is not set: inside the TI-ONE task skylift writes checkpoints to "
-            f"{checkpoint_uri} itself, with boto3's credential chain, and TI-ONE gives a training container no "
-            "documented COS keys (CreateTrainingTask has no role field); skylift puts none in the request",
-            hint="Give the image a source (an AWS config whose credential_process prints temporary keys, or "
-                 "AWS_CONFIG_FILE in submit.envs naming a file on a mounted volume), then say so: "
-                 f"skylift submit {job.config_path} --platform tione ... --set submit.tione.cos_keys_from=image",
-        )
+    require(request_problems("tione", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    checkpoint_uri = job.checkpoint_root
     data_configs, overrides = _data_configs(job)
     envs = {"SKYLIFT_PLATFORM": "tione", "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
             **job.envs}
@@ -91,7 +107,7 @@ def _data_configs(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
     for channel, field_name, url in (("train", "data.url", job.data_url), ("validation", "data.val_url", job.val_url)):
         if url is None:
             continue
-        _, bucket, key = parse_store_url(object_store_url(url, ("cos",), field_name, "TI-ONE"))
+        _, bucket, key = parse_store_url(url)
         configs.append({
             "MappingPath": f"{_DATA_ROOT}/{channel}",
             "DataSourceType": "COS",

@@ -1,8 +1,8 @@
 """Train: the runtime for hand-written loops, the Trainer, precision and DDP.
 
-Imported lazily: the parts below the Trainer (``events``, ``distributed``) are shared
-primitives that the monitor and checkpoint packages import, and must not pull the
-Trainer (and through it those same packages) in with them.
+Imported lazily, so ``import skylift.train`` costs nothing until a name is used; the
+loop's primitives (events, the process group, the ranks' agreement) live below it in
+:mod:`skylift.loop`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 __all__ = ["Callback", "Event", "RunSummary", "Runtime", "TrainState", "Trainer"]
 
 _LAZY = {
-    "Callback": "skylift.train.events",
-    "Event": "skylift.train.events",
-    "TrainState": "skylift.train.events",
+    "Callback": "skylift.loop.events",
+    "Event": "skylift.loop.events",
+    "TrainState": "skylift.loop.events",
     "Runtime": "skylift.train.runtime",
     "RunSummary": "skylift.train.trainer",
     "Trainer": "skylift.train.trainer",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from skylift.doctor.facts import Facts
+    from skylift.machine.facts import Facts
 
 __all__ = ["Topology", "launch_workers", "torchrun_arguments"]
 
@@ -127,7 +127,7 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
 
 def _apply_nccl_settings(facts: Facts, topology: Topology) -> None:
     """Put the doctor's NCCL plan into this process's environment, which torchrun's workers inherit."""
-    from skylift.doctor.nccl import plan_nccl
+    from skylift.machine.nccl import plan_nccl
 
     plan = plan_nccl(facts, world_size=topology.world_size, nnodes=topology.nnodes, master_addr=topology.master_addr)
     for line in plan.lines():

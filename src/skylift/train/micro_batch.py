@@ -128,15 +128,12 @@ def choose_micro_batch(
 def pending_state_bytes(model: nn.Module, config: Any, world_size: int) -> int:
     """Bytes the first optimizer step adds after a forward/backward: the optimizer's
     moments (AdamW two per parameter, SGD one with momentum), the EMA copy of the weights
-    and buffers, and DDP's flattened gradient buckets beside ``.grad``."""
-    from skylift.train.optim import optimizer_state_copies
+    and buffers, and DDP's flattened gradient buckets beside ``.grad``, as the memory
+    model doctor and plan share counts them (:mod:`skylift.machine.memory`)."""
+    from skylift.machine.memory import ModelMemory, training_memory
 
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    ema = 0
-    if config.optim.ema_decay:
-        ema = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    buckets = trainable if world_size > 1 else 0
-    return trainable * optimizer_state_copies(config.optim) + ema + buckets
+    state = training_memory(ModelMemory.of(model, config.optim), 0, half_precision=False, world_size=world_size)
+    return state.optimizer_state_bytes + state.ema_bytes + state.bucket_bytes
 
 
 def slice_batch(batch: Any, size: int, batch_size: Callable[[Any], int]) -> Any:

@@ -9,7 +9,7 @@ from torch import nn
 
 from skylift.config.schema import OptimConfig, ScheduleConfig
 
-__all__ = ["build_lr_schedule", "build_optimizer", "lr_multiplier", "optimizer_state_copies"]
+__all__ = ["build_lr_schedule", "build_optimizer", "lr_multiplier"]
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -28,14 +28,6 @@ def build_optimizer(model: nn.Module, config: OptimConfig, device: torch.device)
     if config.name == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, **kernel)
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov, **kernel)
-
-
-def optimizer_state_copies(config: OptimConfig) -> int:
-    """Copies of each trainable parameter the optimizer keeps as state: AdamW's two
-    moments, SGD's momentum buffer (none without momentum)."""
-    if config.name == "adamw":
-        return 2
-    return 1 if config.momentum else 0
 
 
 def lr_multiplier(step: int, schedule: ScheduleConfig, total_steps: int) -> float:

@@ -1,4 +1,4 @@
-"""Turn spot notices and signals into an agreed stop (see :mod:`skylift.train.agreement`).
+"""Turn spot notices and signals into an agreed stop (see :mod:`skylift.loop.agreement`).
 
 Local rank 0 of each node polls the cloud's metadata service; every rank handles
 SIGTERM/SIGUSR1 (torchrun forwards the signal to all workers). Whoever hears first
@@ -12,7 +12,7 @@ import signal
 from typing import Any
 
 from skylift.config.schema import PreemptionConfig
-from skylift.train.agreement import StepAgreement, StopReason
+from skylift.loop.agreement import StepAgreement, StopReason
 
 __all__ = ["PreemptionWatch"]
 

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from skylift.config.schema import BUILTIN_RECIPES, RunConfig
+from skylift.config.schema import RunConfig
 from skylift.errors import SkyliftConfigError
+from skylift.recipes import check_recipe_args
 from skylift.train.precision import DeviceInfo, resolve_precision
 
 __all__ = ["preflight"]
@@ -25,10 +26,7 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         micro_batch = None if token_budget else config.micro_batch_size(world_size)
     except ValueError as error:
         raise SkyliftConfigError(str(error)) from None
-    if config.recipe.name not in BUILTIN_RECIPES:
-        from skylift.recipes import recipe_class
-
-        recipe_class(config).parse_args(config)  # the user's import and recipe.args, before any worker
+    check_recipe_args(config)  # recipe.args (and the user's recipe import), before any worker
     device = _local_device(config.device)
     policy = resolve_precision(config.precision, DeviceInfo.detect(device))
     return {

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from skylift.data.sampler import GlobalBatchSampler
-from skylift.train.distributed import DistributedContext
+from skylift.loop.distributed import DistributedContext
 
 __all__ = ["PreparedLoader", "batch_size_of", "prepare_eval_loader", "prepare_loader"]
 

@@ -41,11 +41,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from skylift.train.distributed import DistributedContext, exit_cleanly, init_distributed
-from skylift.train.events import TrainState
-from skylift.train.model_tools import apply_activation_checkpointing
-from skylift.train.precision import DeviceInfo, PrecisionPolicy, resolve_precision
-from skylift.train.prepared_loader import PreparedLoader, batch_size_of, prepare_eval_loader, prepare_loader
+from skylift.loop.distributed import DistributedContext, exit_cleanly, init_distributed
+from skylift.loop.events import TrainState
+from skylift.train.gradient_step import GradientStep
+from skylift.train.placement import Placement
+from skylift.train.precision import PrecisionPolicy
+from skylift.train.prepared_loader import PreparedLoader, prepare_eval_loader, prepare_loader
+from skylift.train.step_meter import StepMeter
 
 __all__ = ["Runtime"]
 
@@ -54,6 +56,12 @@ log = logging.getLogger("skylift")
 
 class Runtime:
     """Precision, accumulation, DDP and clipping for a hand-written loop.
+
+    Three parts that change for different reasons: :attr:`placement` (device and
+    precision: the machine), :attr:`gradients` (accumulation, DDP, the optimizer step:
+    the job's batch shape and world size) and :attr:`services` (checkpoints,
+    preemption, monitoring: the run configuration, with ``from_config``; a
+    :class:`~skylift.train.step_meter.StepMeter` measures each step for them).
 
     Args:
         precision: ``auto``, ``fp32``, ``tf32``, ``fp16`` or ``bf16`` (see
@@ -89,39 +97,24 @@ class Runtime:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
         self.dist = context or init_distributed(device, backend, timeout_s)
         self.device = self.dist.device
-        self.precision: PrecisionPolicy = resolve_precision(precision, DeviceInfo.detect(self.device))
-        self.precision.apply_global_flags()
-        self.accumulation_steps = accumulation_steps
-        self.grad_clip_norm = grad_clip_norm
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision.use_grad_scaler else None
-        self.last_grad_norm: torch.Tensor | None = None
-        self._compile, self._compile_mode = compile, compile_mode
-        self._channels_last = channels_last
-        self._checkpoint_types = activation_checkpointing or []
-        self._ddp_options = {"find_unused_parameters": find_unused_parameters, "bucket_cap_mb": bucket_cap_mib}
-        self._micro_step = 0
-        self._ddp: DistributedDataParallel | None = None
+        self.placement = Placement(self.device, precision, channels_last=channels_last,
+                                   activation_checkpointing=activation_checkpointing, compile=compile,
+                                   compile_mode=compile_mode)  # fmt: skip
+        self.gradients = GradientStep(accumulation_steps=accumulation_steps, grad_clip_norm=grad_clip_norm,
+                                      scaler=self.placement.new_grad_scaler(),
+                                      find_unused_parameters=find_unused_parameters,
+                                      bucket_cap_mib=bucket_cap_mib)  # fmt: skip
         self._model: nn.Module | None = None
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._scheduler: Any = None
-        self._parameters: list[nn.Parameter] = []
         self._loader: PreparedLoader | None = None
         self._extra: dict[str, Any] | None = None
         self.seed = 0
         self.config: Any = None
         """The run configuration (``from_config`` only): read your own settings from it."""
-        self.last_lr = 0.0
-        """The learning rate the last optimizer step used."""
         self.services: Any = None
         """The run's :class:`~skylift.train.services.RunServices` (``from_config`` only)."""
         self.state = TrainState(total_steps=0, steps_per_epoch=0, global_batch_size=0)
         """Where the run is: step, epoch, samples seen (shared with the Trainer's loop)."""
-        self._flop_counter: Any = None
-        self._micro_batch_samples = 0
-        self._step_open = False
-        self._step_started = 0.0
-        self._step_samples = 0
-        self._data_wait_s = 0.0
+        self._meter = StepMeter()
         self._last_logged_step = 0
         self._run_started = 0.0
         self.micro_batch_pending = False
@@ -150,7 +143,7 @@ class Runtime:
         runtime.seed = config.seed
         runtime.services = RunServices(
             config, runtime.dist, device=runtime.device, precision=runtime.precision.name,
-            ddp_module=lambda: runtime._ddp, micro_steps=runtime.accumulation_steps, callbacks=callbacks,
+            ddp_module=lambda: runtime.gradients.ddp, micro_steps=runtime.accumulation_steps, callbacks=callbacks,
         )
         runtime.state.total_steps = config.schedule.max_steps or 0
         return runtime
@@ -175,9 +168,39 @@ class Runtime:
         )
 
     @property
+    def precision(self) -> PrecisionPolicy:
+        return self.placement.precision
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.gradients.scaler
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.gradients.accumulation_steps
+
+    @accumulation_steps.setter
+    def accumulation_steps(self, steps: int) -> None:
+        self.gradients.accumulation_steps = steps
+
+    @property
+    def grad_clip_norm(self) -> float | None:
+        return self.gradients.grad_clip_norm
+
+    @property
+    def last_grad_norm(self) -> torch.Tensor | None:
+        """The global gradient norm before the last clip (``None`` without clipping)."""
+        return self.gradients.last_grad_norm
+
+    @property
+    def last_lr(self) -> float:
+        """The learning rate the last optimizer step used."""
+        return self.gradients.last_lr
+
+    @property
     def sync_gradients(self) -> bool:
         """True on the last micro-step of an accumulation group (the one that steps)."""
-        return self._micro_step == self.accumulation_steps - 1
+        return self.gradients.sync_gradients
 
     def prepare(self, model: nn.Module, *objects: Any) -> Any:
         """Move and wrap the model; register the optimizer, data loaders and scheduler.
@@ -190,11 +213,11 @@ class Runtime:
         prepared: list[Any] = [self.prepare_model(model)]
         for item in objects:
             if isinstance(item, torch.optim.Optimizer):
-                self._optimizer = item
+                self.gradients.optimizer = item
             elif isinstance(item, DataLoader):
                 item = self.prepare_dataloader(item, train=self._loader is None)
             elif item is not None and hasattr(item, "step") and hasattr(item, "get_last_lr"):
-                self._scheduler = item
+                self.gradients.scheduler = item
             prepared.append(item)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -211,15 +234,7 @@ class Runtime:
     def place_model(self, model: nn.Module) -> nn.Module:
         """Activation checkpointing, the device and the memory format, without wrappers;
         idempotent, so the model can be measured as it will train before :meth:`prepare`."""
-        if getattr(model, "_skylift_placed", False):
-            return model
-        if self._checkpoint_types:
-            apply_activation_checkpointing(model, self._checkpoint_types)
-        model = model.to(self.device)
-        if self._channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        model._skylift_placed = True
-        return model
+        return self.placement.place(model)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self.micro_batch_pending:
@@ -230,14 +245,7 @@ class Runtime:
                 "sets a number: data.micro_batch_size: 16, or accumulation.steps")
         model = self.place_model(model)
         self._model = model
-        self._parameters = [p for p in model.parameters() if p.requires_grad]
-        if self.dist.is_distributed:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(model, device_ids=device_ids, **self._ddp_options)
-            self._ddp = model
-        if self._compile:
-            model = torch.compile(model, mode=self._compile_mode)
-        return model
+        return self.placement.compiled(self.gradients.wrap(model, self.dist))
 
     def prepare_dataloader(self, loader: DataLoader, *, train: bool = True) -> Any:
         """A training loader: sharded, on the device, resumable. ``train=False``: an
@@ -254,30 +262,14 @@ class Runtime:
 
     def to_device(self, batch: Any) -> Any:
         """Move tensors (in tuples, lists and dicts) to the device, asynchronously when pinned."""
-        if isinstance(batch, torch.Tensor):
-            moved = batch.to(self.device, non_blocking=True)
-            if self._channels_last and moved.dim() == 4 and moved.is_floating_point():
-                moved = moved.contiguous(memory_format=torch.channels_last)
-            return moved
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self.to_device(item) for item in batch)
-        if isinstance(batch, dict):
-            return {key: self.to_device(value) for key, value in batch.items()}
-        return batch
+        return self.placement.to_device(batch)
 
     def fetch(self, batches: Iterator[Any]) -> Any:
         """The next training batch of ``batches``, on the device; the wait is timed as data
         wait and the copy as host-to-device. Raises ``StopIteration`` at the end."""
-        self._begin_step()
         clock = self._clock
-        before = time.perf_counter()
-        batch = next(batches)
-        self._data_wait_s += time.perf_counter() - before
-        if clock is not None:
-            clock.mark("data_wait")
-        self._micro_batch_samples = batch_size_of(batch)
-        self._step_samples += self._micro_batch_samples
-        batch = self.to_device(batch)
+        self._meter.begin(clock, self.gradients.micro_step)
+        batch = self.to_device(self._meter.next_batch(batches, clock))
         if clock is not None:
             clock.mark("host_to_device")
         return batch
@@ -285,46 +277,23 @@ class Runtime:
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """Run the forward pass of one micro-step: autocast plus the DDP sync decision."""
-        self._begin_step()
-        if self._ddp is not None:
-            # Must be set before forward: DDP reads it there to arm the gradient hooks.
-            self._ddp.require_backward_grad_sync = self.sync_gradients
-        self._start_flop_count()
-        with self.precision.autocast(self.device.type):
+        self._meter.begin(self._clock, self.gradients.micro_step)
+        self.gradients.before_forward()
+        self._meter.start_flop_count(self._monitor)
+        with self.placement.autocast():
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of the micro-step loss, averaged over the accumulation group."""
-        if self.accumulation_steps > 1:
-            loss = loss / self.accumulation_steps
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        self._finish_flop_count()
+        self.gradients.backward(loss)
+        self._meter.finish_flop_count(self._monitor)
         if self._clock is not None:
             self._clock.mark("forward_backward")
 
     def optimizer_step(self) -> bool:
         """Step at the end of an accumulation group; return whether it stepped."""
-        if not self.sync_gradients:
-            self._micro_step += 1
+        if not self.gradients.step():
             return False
-        self._micro_step = 0
-        optimizer = self._require_optimizer()
-        self.last_lr = optimizer.param_groups[0]["lr"]
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
-        if self.grad_clip_norm is not None:
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.grad_clip_norm)
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if self._scheduler is not None:
-            self._scheduler.step()
         if self._clock is not None:
             self._clock.mark("optimizer")
         return True
@@ -340,8 +309,8 @@ class Runtime:
         from skylift.checkpoint.session import TrainingObjects
 
         self._extra = extra
-        objects = TrainingObjects(model=self._require_model(), optimizer=self._require_optimizer(),
-                                  scheduler=self._scheduler, scaler=self.scaler, loader=self._loader, extra=extra)
+        objects = TrainingObjects(model=self._require_model(), optimizer=self.gradients.require_optimizer(),
+                                  scheduler=self.gradients.scheduler, scaler=self.scaler, loader=self._loader, extra=extra)
         step = services.resume(objects, self.state) or 0
         self._last_logged_step = step
         self._run_started = time.perf_counter()
@@ -387,13 +356,13 @@ class Runtime:
         state = self.state
         if self._last_logged_step != step:
             state.loss = None  # no runtime.log for this step: no train record
+        measures = self._meter.end()
         state.step = step
-        state.samples_seen += samples if samples is not None else self._step_samples * self.dist.world_size
+        state.samples_seen += samples if samples is not None else measures.samples * self.dist.world_size
         state.lr = self.last_lr
         state.grad_norm = self.last_grad_norm
-        state.data_wait_s = self._data_wait_s
-        state.step_time_s = time.perf_counter() - self._step_started if self._step_open else 0.0
-        self._step_open, self._step_samples, self._data_wait_s = False, 0, 0.0
+        state.data_wait_s = measures.data_wait_s
+        state.step_time_s = measures.step_time_s
         if self._loader is not None and self.state.steps_per_epoch == 0:
             self.state.steps_per_epoch = self._loader.steps_per_epoch
         stop = services.step_end(state)
@@ -421,7 +390,7 @@ class Runtime:
         process: exit code 143 after a preemption (run the same command again to resume),
         3 after a guard's stop (``monitor.guards``), else ``exit_code`` (default 0)."""
         from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_REQUEUE
-        from skylift.train.agreement import StopReason
+        from skylift.loop.agreement import StopReason
 
         code = exit_code if exit_code is not None else 0
         if self.services is not None:
@@ -455,31 +424,9 @@ class Runtime:
     def _clock(self) -> Any:
         return self.services.clock if self.services is not None else None
 
-    def _begin_step(self) -> None:
-        if self._step_open or self._micro_step != 0:
-            return
-        self._step_open = True
-        self._step_started = time.perf_counter()
-        if self._clock is not None:
-            self._clock.mark("between_steps")
-
-    def _start_flop_count(self) -> None:
-        """MFU for a loop whose loss skylift does not know: count the FLOPs of the first
-        micro-step as it runs (forward here, backward until :meth:`backward` returns)."""
-        monitor = self.services.monitor if self.services is not None else None
-        if monitor is None or not monitor.wants_flops or self._flop_counter is not None:
-            return
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self._flop_counter = FlopCounterMode(display=False)
-        self._flop_counter.__enter__()
-
-    def _finish_flop_count(self) -> None:
-        counter, self._flop_counter = self._flop_counter, None
-        if counter is None:
-            return
-        counter.__exit__(None, None, None)
-        self.services.monitor.record_flops(float(counter.get_total_flops()), self._micro_batch_samples)
+    @property
+    def _monitor(self) -> Any:
+        return self.services.monitor if self.services is not None else None
 
     def _save_final_model(self) -> None:
         from safetensors.torch import save_model
@@ -498,8 +445,3 @@ class Runtime:
         if self._model is None:
             raise RuntimeError("the runtime has no model yet: call runtime.prepare(model, optimizer, ...) first")
         return self._model
-
-    def _require_optimizer(self) -> torch.optim.Optimizer:
-        if self._optimizer is None:
-            raise RuntimeError("Runtime.optimizer_step() needs the optimizer: pass it to runtime.prepare(...)")
-        return self._optimizer

@@ -32,15 +32,15 @@ import torch.distributed as dist
 from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
+from skylift.loop.agreement import StepAgreement, StopReason
+from skylift.loop.distributed import DistributedContext
+from skylift.loop.events import Callback, Event, EventBus, TrainState
 from skylift.monitor.breakdown import StepClock
 from skylift.monitor.guards import GuardWatch
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
 from skylift.run_dir import RunDirectory
-from skylift.train.agreement import StepAgreement, StopReason
-from skylift.train.distributed import DistributedContext
-from skylift.train.events import Callback, Event, EventBus, TrainState
 from skylift.train.preemption import PreemptionWatch
 
 __all__ = ["RunServices", "seed_everything"]

@@ -1,4 +1,4 @@
-"""The Trainer: runs the loop drawn in :mod:`skylift.train.events` from a RunConfig.
+"""The Trainer: runs the loop drawn in :mod:`skylift.loop.events` from a RunConfig.
 
 It wires the parts (runtime, recipe, data, optimizer, callbacks) and leaves each
 concern to its owner: precision and DDP to :class:`~skylift.train.runtime.Runtime`,
@@ -26,11 +26,11 @@ from skylift.data.loaders import (
     samples_in_step,
     with_workers,
 )
+from skylift.loop.distributed import DistributedContext
+from skylift.loop.events import Callback, Event, TrainState
 from skylift.recipes import build_recipe
 from skylift.recipes.base import Recipe
-from skylift.train.distributed import DistributedContext
 from skylift.train.ema import WeightAverage
-from skylift.train.events import Callback, Event, TrainState
 from skylift.train.optim import build_lr_schedule, build_optimizer
 from skylift.train.runtime import Runtime
 from skylift.train.services import seed_everything

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from skylift.doctor.facts import JobFacts, NetPluginFacts, RdmaDeviceFacts
+from skylift.machine.facts import JobFacts, NetPluginFacts, RdmaDeviceFacts
 from tests.doctor.recorded import load_facts, only, verdicts_of
 
 

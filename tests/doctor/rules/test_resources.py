@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from skylift.doctor.facts import DiskFacts
+from skylift.machine.facts import DiskFacts
 from tests.doctor.recorded import load_facts, only, verdicts_of
 
 

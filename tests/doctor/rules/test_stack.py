@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from skylift.doctor.facts import DriverFacts, JobFacts, TorchFacts
+from skylift.machine.facts import DriverFacts, JobFacts, TorchFacts
 from tests.doctor.recorded import load_facts, only, verdicts_of
 
 

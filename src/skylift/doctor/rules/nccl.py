@@ -8,8 +8,8 @@ notes cited per rule.
 
 from __future__ import annotations
 
-from skylift.doctor.facts import Facts
-from skylift.doctor.nccl import (
+from skylift.machine.facts import Facts
+from skylift.machine.nccl import (
     AZURE_NDV5_TOPOLOGY_FILE,
     candidate_interface,
     is_azure_ndv5,

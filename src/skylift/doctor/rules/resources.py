@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from skylift.doctor.facts import DiskFacts, Facts, JobFacts
 from skylift.doctor.verdicts import Finding, rule
+from skylift.machine.facts import DiskFacts, Facts, JobFacts, MemoryEstimate
+from skylift.machine.memory import MEMORY_HEADROOM, fits_device
 
 __all__ = [
     "PREFETCH_FACTOR",
@@ -22,7 +23,6 @@ PREFETCH_FACTOR = 2
 """Batches each DataLoader worker keeps ready: PyTorch's default, which skylift keeps."""
 SMALL_SHM_BYTES = 1024**3
 """Below this /dev/shm is reported as small; Docker's default is 64 MB."""
-_MEMORY_WARN_SHARE = 0.9
 _SHM_HEADROOM = 2  # batches being collated and pinned while the prefetched ones wait
 
 
@@ -157,12 +157,8 @@ def memory_fits_device(facts: Facts) -> Finding | None:
     where = "the smallest GPU" if capacities else "available RAM"
     if not capacity:
         return None
-    parts = (
-        f"{estimate.parameters:,} parameters: weights {format_bytes(estimate.parameter_bytes)}, gradients "
-        f"{format_bytes(estimate.gradient_bytes)}, optimizer {format_bytes(estimate.optimizer_bytes)}, "
-        f"activations {_activations(estimate.activation_bytes)}"
-    )
-    text = f"about {format_bytes(estimate.total_bytes)} per rank ({parts}) of {format_bytes(capacity)} on {where}"
+    text = (f"about {format_bytes(estimate.total_bytes)} per rank ({_memory_parts(estimate)}) of "
+            f"{format_bytes(capacity)} on {where}")
     fix = (
         "set data.micro_batch_size: auto (the largest that fits, measured at start), lower "
         f"data.global_batch_size or raise accumulation.steps (micro-batch now {job.micro_batch_size}), or set "
@@ -170,13 +166,25 @@ def memory_fits_device(facts: Facts) -> Finding | None:
     )
     if estimate.total_bytes > capacity:
         return Finding("fail", f"out of memory: {text}", fix)
-    if estimate.total_bytes > _MEMORY_WARN_SHARE * capacity:
-        return Finding("warn", f"tight: {text}; workspaces and the CUDA context come on top", fix)
+    if not fits_device(estimate.total_bytes, capacity):
+        # The plan drops such a machine (the same fits_device); here it may still run.
+        return Finding("warn", f"tight: {text}, over {MEMORY_HEADROOM:.0%}; workspaces and the CUDA context "
+                       "come on top", fix)
     return Finding("pass", text)
 
 
-def _activations(activation_bytes: int | None) -> str:
-    return "unknown" if activation_bytes is None else format_bytes(activation_bytes)
+def _memory_parts(estimate: MemoryEstimate) -> str:
+    parts = [f"{estimate.parameters:,} parameters: weights {format_bytes(estimate.parameter_bytes)}",
+             f"gradients {format_bytes(estimate.gradient_bytes)}"
+             + (f" (DDP buckets {format_bytes(estimate.bucket_bytes)})" if estimate.bucket_bytes else ""),
+             f"optimizer {format_bytes(estimate.optimizer_bytes)}"]
+    if estimate.ema_bytes:
+        parts.append(f"EMA {format_bytes(estimate.ema_bytes)}")
+    if estimate.autocast_weight_bytes:
+        parts.append(f"autocast weights {format_bytes(estimate.autocast_weight_bytes)}")
+    activations = estimate.activation_bytes
+    parts.append(f"activations {'unknown' if activations is None else format_bytes(activations)}")
+    return ", ".join(parts)
 
 
 @rule("cpus")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from skylift.doctor.facts import Facts, GpuFacts
+from skylift.machine.facts import Facts, GpuFacts
 from skylift.doctor.tables import (
     DRIVER_BRANCH_EOL,
     OLDEST_LISTED_BRANCH,

@@ -177,6 +177,6 @@ def _connection_problem(error: Any) -> str:
 
 
 def _redacted(text: str) -> str:
-    from skylift.submit.redact import redact
+    from skylift.cloud.redact import redact
 
     return redact(text)

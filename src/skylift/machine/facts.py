@@ -199,7 +199,14 @@ class MemoryEstimate(_Facts):
     parameters: int = 0
     parameter_bytes: int = 0
     gradient_bytes: int = 0
+    """Gradients, with DDP's bucket copy of them when there are several ranks."""
+    bucket_bytes: int = 0
+    """The part of ``gradient_bytes`` that is DDP's bucket copy."""
     optimizer_bytes: int = 0
+    ema_bytes: int = 0
+    """The EMA copy of the weights and buffers (``optim.ema_decay``)."""
+    autocast_weight_bytes: int = 0
+    """Half copies of the weights that bf16/fp16 autocast casts and backward keeps."""
     activation_bytes: int | None = None
     """Tensors saved for backward by one micro-batch's forward; ``None`` when unknown."""
     total_bytes: int = 0

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from skylift.doctor.facts import Facts, InterfaceFacts
+from skylift.machine.facts import Facts, InterfaceFacts
 
 __all__ = [
     "AZURE_NDV5_TOPOLOGY_FILE",

@@ -80,6 +80,7 @@ def test_disk_full_with_exit_policy_stops_every_rank(small_disk, tmp_path):
     assert failed_step < summary(run_dir)["steps"] <= failed_step + 2
 
 
+@pytest.mark.slow
 def test_sentinel_credentials_never_appear_anywhere(moto_server, s3_bucket, tmp_path):
     # train, not lean_train: the doctor's output and the HTML report are places to leak too.
     sentinels = [SENTINEL_KEY_ID, SENTINEL_SECRET, SENTINEL_TOKEN,

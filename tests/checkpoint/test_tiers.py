@@ -156,6 +156,7 @@ def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiere
     assert_same_run(run_dir, reference_ddp)
 
 
+@pytest.mark.slow
 def test_corrupt_local_manifest_is_named_and_the_roots_is_used(killed_at_step_30, tiered, reference, tmp_path):
     overrides, env, remote, local = tiered
     run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)

@@ -48,7 +48,9 @@ def _loss_statistics(client, namespace: str, train_records) -> tuple[int, float]
     return int(values["ssamplecount"]), values["ssum"]
 
 
-@pytest.mark.parametrize("through_proxy", [False, True], ids=["direct", "throttled"])
+# The direct case in the fast lane; the throttled one (retries through a proxy) in the full lane.
+@pytest.mark.parametrize("through_proxy", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["direct", "throttled"])
 def test_a_real_runs_metrics_read_back_from_cloudwatch(moto_server, tmp_path, through_proxy):
     namespace = f"skylift-test-{'throttled' if through_proxy else 'direct'}"  # moto's metrics outlive a test
     endpoint, proxy = moto_server.endpoint_url, None

@@ -140,6 +140,7 @@ def _train_so_far(run_dir) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_a_runtime_run_folder_renders_a_report_and_the_live_view(reference, capsys, monkeypatch):
     # `skylift report` and `skylift monitor --once` in this process: what they make of the
     # run folder is under test, not a process start (the run itself was real processes).

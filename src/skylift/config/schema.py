@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from skylift.config.checkpoint import CheckpointConfig, PreemptionConfig
 from skylift.config.data import DataConfig
+from skylift.config.distributed import DistributedConfig, FsdpConfig
 from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
 from skylift.config.optim import AccumulationConfig, OptimConfig, ScheduleConfig
 from skylift.config.plan import PlanConfig
@@ -30,6 +31,7 @@ __all__ = [
     "CompileConfig",
     "DataConfig",
     "DistributedConfig",
+    "FsdpConfig",
     "GuardsConfig",
     "ModelConfig",
     "MonitorConfig",
@@ -154,21 +156,6 @@ class ActivationCheckpointingConfig(_Section):
     """Class names of the submodules to checkpoint (for example torchvision's
     ``BasicBlock``). Models with their own switch (Hugging Face
     ``activation_checkpointing_enable``) use it instead."""
-
-
-class DistributedConfig(_Section):
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    """Collective backend: ``auto`` takes NCCL on CUDA and gloo on CPU."""
-
-    timeout_s: float = Field(default=600.0, gt=0.0)
-    """How long a collective may wait for a peer before the run fails instead of hanging."""
-
-    find_unused_parameters: bool = False
-    """DDP ``find_unused_parameters``: needed only for models with branches that skip
-    parameters; it costs a graph traversal per step."""
-
-    bucket_cap_mib: int = Field(default=25, ge=1)
-    """DDP gradient bucket size in MiB."""
 
 
 class RunConfig(_Section):

@@ -1,0 +1,59 @@
+"""How the ranks share the work: the collective backend and DDP or FSDP2 sharding."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from skylift.config.section import Section
+
+__all__ = ["DistributedConfig", "FsdpConfig"]
+
+
+class FsdpConfig(Section):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) settings, read when ``distributed.strategy: fsdp``."""
+
+    block_types: list[str] = Field(default_factory=list)
+    """Class names of the blocks to shard one by one before the root (for example
+    ``LlamaDecoderLayer``). Empty: the model's own list (a Hugging Face model's
+    ``_no_split_modules``), else torchvision's residual blocks and ``torch.nn``
+    transformer layers. Each block's parameters are gathered just before it runs, so
+    the largest block bounds the unsharded memory."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward and gather them again
+    in backward (ZeRO-3: least memory). False keeps them until backward (ZeRO-2-like:
+    one all-gather fewer per block and step, more memory)."""
+
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Precision of the gradient reduce-scatter. The parameters' compute precision
+    follows ``precision`` (bf16 parameters under bf16); fp32 reduction keeps the
+    summed gradients exact to fp32 rounding."""
+
+    cpu_offload: bool = False
+    """Keep the sharded parameters, gradients and optimizer state in host memory and
+    step the optimizer on the CPU: fits a larger model, at the cost of host-device copies."""
+
+
+class DistributedConfig(Section):
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Collective backend: ``auto`` takes NCCL on CUDA and gloo on CPU."""
+
+    timeout_s: float = Field(default=600.0, gt=0.0)
+    """How long a collective may wait for a peer before the run fails instead of hanging."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """``ddp``: every rank holds the whole model, gradients and optimizer state
+    (fastest while they fit). ``fsdp``: FSDP2 shards all three over the ranks, so
+    per-rank memory falls with the world size: for models larger than one GPU."""
+
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
+    """FSDP2 settings (``strategy: fsdp``)."""
+
+    find_unused_parameters: bool = False
+    """DDP ``find_unused_parameters``: needed only for models with branches that skip
+    parameters; it costs a graph traversal per step."""
+
+    bucket_cap_mib: int = Field(default=25, ge=1)
+    """DDP gradient bucket size in MiB."""

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("monitor",),
     ("recipes",),
     ("train",),
-    ("doctor", "submit"),
+    ("doctor", "submit", "integrations"),
     ("plan",),
     ("cli",),
     ("__main__",),
@@ -41,7 +41,8 @@ data-sheet figures) that doctor, the launcher, the monitor and the planner all r
 ``cloud`` the vendors' metadata services, spot notices and credential redaction. The
 Trainer (``train``) composes data, checkpoints, monitors and recipes; ``doctor`` checks a
 machine and a job for it (and reads ``train``'s precision rules), ``submit`` sends the job
-to a platform; ``plan`` ranks instances with doctor's memory estimate; the CLI sits on
+to a platform, ``integrations`` gives a framework's own loop (Hugging Face, Lightning)
+``train``'s services; ``plan`` ranks instances with doctor's memory estimate; the CLI sits on
 top of everything."""
 
 MAX_MODULE_LINES = 500

@@ -30,6 +30,11 @@ SPECS = {
         requirement_file="requirements.txt",
         project_lists_skylift=False,
     ),
+    "script": ImageSpec(
+        requirement_file="requirements.txt",
+        project_lists_skylift=False,
+        script=("python", "train.py", "--epochs", "3"),
+    ),
 }
 
 
@@ -83,19 +88,17 @@ def test_hadolint_finds_nothing(base, tmp_path):
     assert result.returncode == 0 and result.stdout == "", result.stdout
 
 
-def _entrypoint_argv(tmp_path: Path, *docker_args: str) -> list[str]:
+def _entrypoint_argv(tmp_path: Path, *docker_args: str, spec: str = "python", **variables: str) -> list[str]:
     """What the image would exec for ``docker run IMAGE *docker_args``, with a fake skylift."""
-    structure = _parsed(render_dockerfile(SPECS["python"]))
+    structure = _parsed(render_dockerfile(SPECS[spec]))
     entrypoint = json.loads(_instruction(structure, "ENTRYPOINT")[0])
     fake = tmp_path / "bin" / "skylift"
     fake.parent.mkdir(parents=True)
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     fake.chmod(0o755)
-    environment = {
-        "PATH": f"{fake.parent}:/usr/bin:/bin",
-        "SKYLIFT_CONFIG": "examples/quickstart.yaml",
-        "SKYLIFT_NPROC": "1",
-    }
+    environment = {"PATH": f"{fake.parent}:/usr/bin:/bin", **variables}
+    if spec == "python":
+        environment.update(SKYLIFT_CONFIG="examples/quickstart.yaml", SKYLIFT_NPROC="1")
     result = subprocess.run([*entrypoint, *docker_args], env=environment, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
@@ -133,3 +136,48 @@ def test_files_are_written_with_a_dockerignore_and_not_overwritten(tmp_path):
     with pytest.raises(SkyliftConfigError, match="--force"):
         write_files("FROM y\n", out)
     assert write_files("FROM y\n", out, force=True) == [out]
+
+
+def test_a_script_image_launches_the_script_with_the_containers_arguments_added(tmp_path):
+    script = ["launch", "--", "python", "train.py", "--epochs", "3"]
+    assert _entrypoint_argv(tmp_path / "a", "train", spec="script") == script
+    assert _entrypoint_argv(tmp_path / "b", "--lr", "0.1", spec="script") == [*script, "--lr", "0.1"]
+    # No count given: launch takes the platform's; SKYLIFT_NPROC fixes it.
+    assert _entrypoint_argv(tmp_path / "c", spec="script", SKYLIFT_NPROC="4") == ["launch", "--nproc", "4", *script[1:]]
+    text = render_dockerfile(SPECS["script"])
+    assert "skylift run" not in text.split("ENTRYPOINT")[1] and "SKYLIFT_CONFIG" not in text
+
+
+@pytest.mark.parametrize("dependencies", ["requirements.txt", "pyproject.toml"])
+def test_a_script_project_gets_its_dependencies_and_the_script_as_entry_point(dependencies, tmp_path, monkeypatch):
+    from skylift.cli.main import main
+
+    (tmp_path / "train.py").write_text("print('training')\n")
+    if dependencies == "requirements.txt":
+        (tmp_path / dependencies).write_text("transformers==5.24.0\n")
+    else:
+        (tmp_path / dependencies).write_text('[project]\nname = "my-training"\nversion = "1"\n'
+                                             'dependencies = ["transformers", "skylift"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["dockerfile", "--out", "Dockerfile", "--", "python", "train.py", "--epochs", "3"]) == 0
+    structure = _parsed((tmp_path / "Dockerfile").read_text())
+    runs = " ".join(_instruction(structure, "RUN"))
+    if dependencies == "requirements.txt":
+        assert "pip install --no-cache-dir -r requirements.txt" in runs
+        assert "skylift==" in runs  # not among the project's requirements: installed beside them
+    else:
+        assert "pip install --no-cache-dir ." in runs and "skylift==" not in runs
+    entrypoint = json.loads(_instruction(structure, "ENTRYPOINT")[0])
+    assert "exec skylift launch " in entrypoint[2] and "-- python train.py --epochs 3 \"$@\"" in entrypoint[2]
+    assert (tmp_path / ".dockerignore").is_file()
+
+
+def test_a_script_outside_the_project_or_missing_is_refused(tmp_path):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "elsewhere.py").write_text("print('x')\n")
+    with pytest.raises(SkyliftConfigError, match="outside the project"):
+        image_spec(tmp_path / "project", script=["python", str(tmp_path / "elsewhere.py")])
+    with pytest.raises(SkyliftConfigError, match="does not exist"):
+        image_spec(tmp_path / "project", script=["python", "train.py"])
+    module = image_spec(tmp_path / "project", script=["-m", "trl.scripts.sft"])
+    assert module.script == ("python", "-m", "trl.scripts.sft")

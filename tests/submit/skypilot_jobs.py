@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from skylift.submit.spec import job_spec_from, parse_submit
 from tests.submit.conftest import FIXED_NOW, IMAGE
 
-__all__ = ["ROOT", "VARIANTS", "torch_free_job"]
+__all__ = ["ROOT", "VARIANTS", "torch_free_job", "torch_free_script_job"]
 
 ROOT = "s3://bucket-1250000000/runs/quick"
 
@@ -38,3 +38,15 @@ def torch_free_job(submit: dict):
         preemption=SimpleNamespace(grace_s=None),
     )
     return job_spec_from(config, options, "examples/quickstart.yaml", [], now=FIXED_NOW)
+
+
+def torch_free_script_job():
+    """The job make_script_job("skypilot") makes (``-- python examples/own_loop.py
+    examples/own_loop.yaml`` with ``--config examples/own_loop.yaml``), without loading the
+    config: its run folder, and no data (a script reads its own)."""
+    from dataclasses import replace
+
+    job = torch_free_job({})
+    return replace(job, name="skylift-own-loop-20261201-080000", checkpoint_root="s3://bucket-1250000000/runs/own-loop",
+                   data_url=None, val_url=None, run_dir="runs/own_loop",
+                   script=("python", "examples/own_loop.py", "examples/own_loop.yaml"))

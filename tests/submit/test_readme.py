@@ -11,13 +11,16 @@ import pytest
 from skylift.cli.main import main
 
 DOCS = Path(__file__).parents[2] / "docs" / "submit"
-_EXAMPLE = re.compile(r"```console\n\$ (skylift submit .*?--dry-run)\n(.*?)```", re.S)
+# The command runs to the first line end without a continuation backslash; a script job's
+# ends with `-- SCRIPT ARGS`, after its --dry-run.
+_EXAMPLE = re.compile(r"```console\n\$ (skylift submit (?:\\\n|[^\n])*)\n(.*?)```", re.S)
 _STAMP = re.compile(r"\d{8}-\d{6}")  # the UTC time in each job name
 
 
 def _examples() -> list[tuple[str, str]]:
     text = "\n".join(page.read_text(encoding="utf-8") for page in sorted(DOCS.glob("*.md")))
-    return [(command.replace("\\\n", " "), output) for command, output in _EXAMPLE.findall(text)]
+    return [(command.replace("\\\n", " "), output) for command, output in _EXAMPLE.findall(text)
+            if "--dry-run" in command.split(" -- ")[0]]
 
 
 def test_the_docs_show_all_five_platforms():
@@ -33,6 +36,11 @@ def test_each_example_prints_what_the_docs_show(command, output, capsys):
     captured = capsys.readouterr()
     printed = captured.err if refused else captured.out
     assert _STAMP.sub("STAMP", printed) == _STAMP.sub("STAMP", output)
+
+
+def test_the_docs_show_a_script_job_on_every_platform():
+    scripts = [shlex.split(command) for command, _ in _examples() if " -- " in command]
+    assert {argv[argv.index("--platform") + 1] for argv in scripts} == {"sagemaker", "pai", "tione", "k8s", "skypilot"}
 
 
 def test_the_docs_show_a_refusal_that_lists_every_missing_field():

@@ -107,6 +107,18 @@ def test_sky_task_from_yaml_config_reads_what_skylift_meant(variant):
         assert resources.disk_size == disk
 
 
+def test_skypilot_reads_a_script_jobs_task_as_written():
+    from tests.submit.skypilot_jobs import torch_free_script_job
+
+    task = yaml.safe_load(skypilot.task_yaml(skypilot.build(torch_free_script_job())))
+    common_utils.validate_schema(task, schemas.get_task_schema(), "Invalid task YAML: ")
+    common_utils.validate_schema(task["resources"], schemas.get_resources_schema(), "Invalid resources YAML: ")
+    parsed = sky.Task.from_yaml_config(copy.deepcopy(task))
+    assert parsed.run == task["run"]
+    assert parsed.run.startswith("skylift launch --checkpoint-root s3://bucket-1250000000/runs/own-loop ")
+    assert parsed.run.endswith(" -- python examples/own_loop.py examples/own_loop.yaml")
+
+
 def test_skypilot_refuses_a_misspelled_resources_key():
     task = _task("accelerators")
     task["resources"]["use_spott"] = True

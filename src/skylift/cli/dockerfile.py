@@ -1,7 +1,8 @@
-"""``skylift dockerfile [--config RUN.yaml] [--base python|cuda] [--out Dockerfile]``.
+"""``skylift dockerfile [--config RUN.yaml] [--base python|cuda] [--out Dockerfile] [-- python train.py ARGS]``.
 
 Without ``--out`` the Dockerfile is printed; with it, it is written together with a
-``.dockerignore`` beside it (an existing one is kept).
+``.dockerignore`` beside it (an existing one is kept). With a script after ``--`` the
+image runs it under ``skylift launch``; otherwise ``skylift run`` on the config.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", default=None, metavar="PATH", help="write the Dockerfile here (and .dockerignore beside it)"
     )
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.add_argument(
+        "script_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT [ARGS ...]",
+        help="a script project: the image runs skylift launch -- python train.py ARGS (or -- -m pkg.module); "
+        "--config then only sizes /dev/shm",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -28,7 +36,9 @@ def execute(args: argparse.Namespace) -> int:
 
     from skylift.doctor.dockerfile import image_spec, render_dockerfile, write_files
 
-    text = render_dockerfile(image_spec(Path.cwd(), base=args.base, config_path=args.config))
+    script = args.script_command[1:] if args.script_command[:1] == ["--"] else args.script_command
+    spec = image_spec(Path.cwd(), base=args.base, config_path=args.config, script=script or None)
+    text = render_dockerfile(spec)
     if args.out is None:
         print(text, end="")
         return 0

@@ -1,8 +1,12 @@
 """``skylift launch [flags] -- python script.py args``: any torchrun-style script.
 
 The script runs unmodified under torchrun's environment (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT). skylift adds a clean shutdown after it
-returns, which avoids gloo's intermittent abort at interpreter exit.
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT). On a platform (SageMaker, PAI-DLC, TI-ONE,
+Kubeflow, SkyPilot) the topology comes from what it tells the node, as for ``skylift
+run``. ``--checkpoint-root`` and ``--run-dir`` reach the script as ``SKYLIFT_CHECKPOINT_ROOT``
+and ``SKYLIFT_RUN_DIR`` (:mod:`skylift.config.script_environment`), which skylift's
+Runtime and integrations read. skylift adds a clean shutdown after the script returns,
+which avoids gloo's intermittent abort at interpreter exit.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import sys
 
 from skylift.cli.options import add_topology_arguments, topology_from
 
-_PYTHON_NAMES = {"python", "python3", os.path.basename(sys.executable)}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_topology_arguments(parser)
+    group = parser.add_argument_group("what the script reads (skylift's Runtime and integrations)")
+    group.add_argument("--checkpoint-root", default=None, metavar="PATH|URL",
+                       help="where checkpoints go (a folder, s3://, oss://, cos://): sets SKYLIFT_CHECKPOINT_ROOT")
+    group.add_argument("--run-dir", default=None, metavar="PATH",
+                       help="the run folder (metrics, report, final model): sets SKYLIFT_RUN_DIR")
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command; start nothing")
     parser.add_argument("--no-doctor", action="store_true", help="start without the doctor's job checks")
     parser.add_argument(
@@ -30,9 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.errors import SkyliftConfigError
-    from skylift.train.launcher import launch_workers, torchrun_arguments
+    from skylift.train.launcher import launch_workers, script_arguments, torchrun_arguments
 
-    command = _script_command(args.script_command)
+    command = script_arguments(args.script_command)
     if not command:
         raise SkyliftConfigError(
             "no script given", hint="Example: skylift launch --nproc 2 -- python train.py --epochs 3"
@@ -41,9 +48,14 @@ def execute(args: argparse.Namespace) -> int:
         raise SkyliftConfigError(f"script {command[0]!r} does not exist", hint="Check the path after --.")
     topology = topology_from(args)
     entry = ["skylift.cli.shim", *command]
+    told = _script_environment(args)
     if args.dry_run:
+        for name, value in told.items():
+            print(f"{name}={value}")
         print("torchrun " + " ".join(torchrun_arguments(topology, entry, module=True)))
         return 0
+    os.environ.update(told)  # torchrun's workers inherit this process's environment
+    _say_script_environment()
     from skylift.doctor.gate import check_before_start
 
     facts = check_before_start(None, command="launch", nproc=topology.nproc, nnodes=topology.nnodes,
@@ -51,9 +63,19 @@ def execute(args: argparse.Namespace) -> int:
     return launch_workers(topology, entry, module=True, facts=facts)
 
 
-def _script_command(command: list[str]) -> list[str]:
-    if command and command[0] == "--":
-        command = command[1:]
-    if command and os.path.basename(command[0]) in _PYTHON_NAMES:
-        command = command[1:]
-    return command
+def _script_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the flags set; a flag wins over the same variable already set."""
+    from skylift.config.script_environment import ScriptEnvironment
+
+    return ScriptEnvironment(run_dir=args.run_dir, checkpoint_root=args.checkpoint_root).as_environment()
+
+
+def _say_script_environment() -> None:
+    """Every variable the script will read, flags' and platform's alike: where a job's
+    checkpoints went is the first question after a restart."""
+    from skylift.config.script_environment import ScriptEnvironment
+
+    told = ScriptEnvironment.read().as_environment()
+    if told:
+        print("skylift: the script reads " + ", ".join(f"{name}={value}" for name, value in told.items()),
+              file=sys.stderr)

@@ -1,4 +1,8 @@
-"""``skylift submit CONFIG --platform P``: build the platform's job request and send it."""
+"""``skylift submit CONFIG --platform P``: build the platform's job request and send it.
+
+A script job, ``skylift submit --platform P [--config RUN.yaml] -- python train.py ARGS``,
+sends the script instead (:mod:`skylift.submit.script`).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from skylift.cli.options import add_config_arguments
+from skylift.errors import SkyliftConfigError
 from skylift.submit.base import MODULES
+
+_SCRIPT_EXAMPLE = "skylift submit --platform sagemaker ... -- python train.py --epochs 3"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    parser.epilog = (f"A script job gives the script after --, e.g. {_SCRIPT_EXAMPLE} (or -- -m pkg.module); "
+                     "it runs under skylift launch in the image, with --config RUN.yaml (optional) as the config "
+                     "submit reads its checkpoint, run_dir, preemption and submit fields from.")
+    parser.add_argument("config", nargs="?", default=None,
+                        help="YAML config of the run (see examples/); a script job gives its script after -- instead")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one field, typed like the YAML (repeatable), e.g. --set optim.lr=0.001")
+    parser.add_argument("--config", dest="script_config", default=None, metavar="RUN.yaml",
+                        help="a script job: the config submit reads checkpoint, run_dir, preemption and submit from")
     parser.add_argument("--platform", required=True, choices=list(MODULES), help="where the job runs")
     parser.add_argument("--instance", default=None, metavar="TYPE",
                         help="machine per node in the platform's names, e.g. ml.p4d.24xlarge, A100:8")
@@ -29,6 +43,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(later, from another terminal: skylift jobs watch JOB)")
     parser.add_argument("--max-resubmits", type=int, default=None, metavar="N",
                         help="--watch: resubmissions after reclaims (default submit.max_resubmits, 3)")
+    parser.set_defaults(script_command=[])
+    _script_after_dashes(parser)
+
+
+def _script_after_dashes(parser: argparse.ArgumentParser) -> None:
+    """Split ``-- SCRIPT ARGS`` off before argparse sees it: argparse would give the
+    optional CONFIG the first word after ``--`` (and a REMAINDER positional beside it
+    everything after CONFIG, flags included)."""
+    parse_known_args = parser.parse_known_args
+
+    def split_then_parse(args=None, namespace=None):  # noqa: ANN001, ANN202 - argparse's own signature
+        args = list(sys.argv[1:] if args is None else args)
+        cut = args.index("--") if "--" in args else len(args)
+        parsed, extras = parse_known_args(args[:cut], namespace)
+        parsed.script_command = args[cut + 1:]
+        return parsed, extras
+
+    parser.parse_known_args = split_then_parse  # type: ignore[method-assign]
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -40,12 +72,11 @@ def execute(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from skylift.submit.base import platform_module
     from skylift.submit.output import print_request, print_submitted
-    from skylift.submit.spec import job_from_inputs
 
     flags = {"image": args.image, "instance_type": args.instance, "instance_count": args.count,
              "gpus_per_node": args.gpus_per_node, "spot": args.spot, "region": args.region,
              "max_resubmits": args.max_resubmits}
-    job = job_from_inputs(args.config, args.overrides, flags, platform=args.platform, command=_command(args))
+    job = _job(args, flags)
     platform = platform_module(args.platform)
     request = platform.build(job)
     if args.dry_run:
@@ -54,7 +85,8 @@ def _submit(args: argparse.Namespace) -> int:
     ref = platform.send(request, job.options)
     from skylift.submit import records
 
-    record = records.new_record(job, ref, config_path=args.config, overrides=args.overrides, flags=flags)
+    record = records.new_record(job, ref, config_path=args.config or args.script_config, overrides=args.overrides,
+                                flags=flags)
     saved = _save(record, ref)
     print_submitted(request, ref, as_json=args.json, record=saved)
     if not args.watch:
@@ -64,11 +96,34 @@ def _submit(args: argparse.Namespace) -> int:
     return watch(platform, job, ref, record=record if saved else None)
 
 
+def _job(args: argparse.Namespace, flags: dict):  # noqa: ANN202 - JobSpec
+    """A config job (CONFIG) or a script job (``-- SCRIPT``), never both, never neither."""
+    if args.script_command:
+        if args.config:
+            raise SkyliftConfigError(f"both a config ({args.config}) and a script after --",
+                                     hint=f"A script job reads its fields from --config {args.config}: "
+                                     f"skylift submit --platform {args.platform} --config {args.config} ... -- SCRIPT")
+        from skylift.submit.script import script_job_from_inputs
+
+        return script_job_from_inputs(args.script_command, args.script_config, args.overrides, flags,
+                                      platform=args.platform, command=_command(args))
+    if args.script_config:
+        raise SkyliftConfigError("--config goes with a script after --",
+                                 hint=f"A config job names its config first: skylift submit {args.script_config} "
+                                 f"--platform {args.platform} ...")
+    if not args.config:
+        raise SkyliftConfigError("nothing to submit: no config and no script after --",
+                                 hint=f"skylift submit RUN.yaml --platform {args.platform} ...   or: {_SCRIPT_EXAMPLE}")
+    from skylift.submit.spec import job_from_inputs
+
+    return job_from_inputs(args.config, args.overrides, flags, platform=args.platform, command=_command(args))
+
+
 def _command(args: argparse.Namespace) -> list[str]:
     """The ``skylift submit`` command as given (flags in a fixed order), for the error
     that names the one command that would pass."""
-    command = ["skylift", "submit", args.config, "--platform", args.platform]
-    for flag, value in (("--instance", args.instance), ("--count", args.count),
+    command = ["skylift", "submit", *([args.config] if args.config else []), "--platform", args.platform]
+    for flag, value in (("--config", args.script_config), ("--instance", args.instance), ("--count", args.count),
                         ("--gpus-per-node", args.gpus_per_node), ("--image", args.image), ("--region", args.region),
                         ("--max-resubmits", args.max_resubmits)):
         if value is not None:
@@ -76,7 +131,8 @@ def _command(args: argparse.Namespace) -> list[str]:
     for override in args.overrides:
         command += ["--set", _without_secret(override)]
     switches = (("--spot", args.spot), ("--dry-run", args.dry_run), ("--json", args.json), ("--watch", args.watch))
-    return command + [flag for flag, given in switches if given]
+    script = ["--", *args.script_command] if args.script_command else []
+    return command + [flag for flag, given in switches if given] + script
 
 
 def _without_secret(override: str) -> str:

@@ -8,11 +8,19 @@ each platform. Unset variables leave the script's own settings alone.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["CHECKPOINT_ROOT_VARIABLE", "PLATFORM_VARIABLE", "RUN_DIR_VARIABLE", "ScriptEnvironment"]
+if TYPE_CHECKING:
+    from skylift.config.schema import RunConfig
+
+__all__ = ["CHECKPOINT_ROOT_VARIABLE", "PLATFORM_VARIABLE", "RUN_DIR_VARIABLE", "ScriptEnvironment", "apply_to"]
+
+_LOG = logging.getLogger(__name__)
 
 RUN_DIR_VARIABLE = "SKYLIFT_RUN_DIR"
 """The run folder: metrics, report, summary and the final model."""
@@ -46,3 +54,28 @@ class ScriptEnvironment:
         pairs = {RUN_DIR_VARIABLE: self.run_dir, CHECKPOINT_ROOT_VARIABLE: self.checkpoint_root,
                  PLATFORM_VARIABLE: self.platform}
         return {name: value for name, value in pairs.items() if value}
+
+
+def apply_to(config: RunConfig, environ: Mapping[str, str] | None = None) -> RunConfig:
+    """``config`` with the run folder and checkpoint root the launcher set, each change logged.
+
+    The variables win over the config's own values: they name where the platform keeps
+    this job's files (a SageMaker job's synced checkpoint folder, a PAI-DLC mount), which
+    the config written on a laptop cannot know. ``config`` itself is left as it was.
+
+    Example:
+        >>> from skylift.config.load import load_config
+        >>> config = apply_to(load_config(None), {"SKYLIFT_CHECKPOINT_ROOT": "s3://bucket/run"})
+        >>> config.checkpoint.root
+        's3://bucket/run'
+    """
+    told = ScriptEnvironment.read(environ)
+    updated = config.model_copy(deep=True)
+    if told.run_dir is not None and Path(told.run_dir) != config.run_dir:
+        _LOG.info("run_dir: %s from %s (the config says %s)", told.run_dir, RUN_DIR_VARIABLE, config.run_dir)
+        updated.run_dir = Path(told.run_dir)
+    if told.checkpoint_root is not None and told.checkpoint_root != config.checkpoint.root:
+        _LOG.info("checkpoint.root: %s from %s (the config says %s)", told.checkpoint_root, CHECKPOINT_ROOT_VARIABLE,
+                  config.checkpoint.root)
+        updated.checkpoint.root = told.checkpoint_root
+    return updated

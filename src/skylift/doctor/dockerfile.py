@@ -1,4 +1,5 @@
-"""``skylift dockerfile``: an image for the user's project that runs ``skylift run``.
+"""``skylift dockerfile``: an image for the user's project that runs ``skylift run``, or
+``skylift launch`` on the project's own script (``skylift dockerfile -- python train.py``).
 
 Choices, and why:
 
@@ -14,6 +15,10 @@ Choices, and why:
   ``/opt/ml/checkpoints``, which SageMaker syncs to ``checkpoint_s3_uri``, and the run
   folder to ``/opt/ml/model``, which it uploads at the end
   (https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo.html).
+* A script image runs ``skylift launch -- python train.py ARGS``: the platform's topology,
+  SIGTERM forwarded with a grace period, and on SageMaker ``SKYLIFT_CHECKPOINT_ROOT`` and
+  ``SKYLIFT_RUN_DIR`` pointing at the same two folders (unless already set). Arguments of
+  ``docker run IMAGE ARGS`` are added to the script's.
 * The last ``USER`` is not root (hadolint DL3002) and numeric (DL3066), with a uid
   above the 1000 that Ubuntu 24.04 images already give their ``ubuntu`` user.
 """
@@ -21,6 +26,7 @@ Choices, and why:
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +92,9 @@ class ImageSpec:
     skylift_version: str = "0.1.0"
     config_path: str | None = None
     shm_size_gib: int | None = None
+    script: tuple[str, ...] | None = None
+    """A script project's command in the image (``python train.py ARGS``): the entry point
+    runs it under ``skylift launch`` instead of ``skylift run CONFIG``."""
 
     @property
     def wheel_index(self) -> str | None:
@@ -94,16 +103,21 @@ class ImageSpec:
         return f"https://download.pytorch.org/whl/{local}" if local.startswith("cu") else None
 
 
-def image_spec(project: Path, *, base: str = "python", config_path: str | None = None) -> ImageSpec:
+def image_spec(project: Path, *, base: str = "python", config_path: str | None = None,
+               script: list[str] | None = None) -> ImageSpec:
     """Read ``project`` (constraints, requirements, pyproject) and the local torch build.
 
+    ``script`` (what follows ``--``: ``python train.py ARGS`` or ``-m pkg.module``) makes
+    a script image; ``config_path`` then only sizes ``/dev/shm`` for its loader.
+
     Raises:
-        SkyliftConfigError: an unknown ``base``, a config outside the project, or a
-            ``--base cuda`` for a torch CUDA release skylift has no image tag for.
+        SkyliftConfigError: an unknown ``base``, a config or script outside the project,
+            or a ``--base cuda`` for a torch CUDA release skylift has no image tag for.
     """
     import torch
 
     from skylift import __version__
+    from skylift.train.launcher import image_script_command
 
     if base not in ("python", "cuda"):
         raise SkyliftConfigError(f"--base {base!r}: use python or cuda")
@@ -123,6 +137,7 @@ def image_spec(project: Path, *, base: str = "python", config_path: str | None =
         skylift_version=__version__,
         config_path=_inside(project, config_path) if config_path else None,
         shm_size_gib=_shm_size_gib(config_path),
+        script=image_script_command(script, project) if script else None,
     )
 
 
@@ -248,6 +263,8 @@ def _install(spec: ImageSpec) -> list[str]:
 
 
 def _entry(spec: ImageSpec) -> list[str]:
+    if spec.script:
+        return _script_entry(spec.script)
     config = spec.config_path or "config.yaml"
     script = (
         'if [ "${1:-}" = train ]; then shift; fi; '
@@ -255,15 +272,38 @@ def _entry(spec: ImageSpec) -> list[str]:
         'set -- --set checkpoint.root=/opt/ml/checkpoints --set run_dir=/opt/ml/model "$@"; fi; '
         'exec skylift run "$SKYLIFT_CONFIG" --nproc "$SKYLIFT_NPROC" "$@"'
     )
-    quoted = script.replace("\\", "\\\\").replace('"', '\\"')
     return [
         f"USER {_UID}:{_UID}",
         f"ENV SKYLIFT_CONFIG={config} \\",
         "    SKYLIFT_NPROC=1",
         "# Exec form: SIGTERM reaches skylift, which saves before the machine goes.",
-        f'ENTRYPOINT ["/bin/sh", "-c", "{quoted}", "skylift-entrypoint"]',
+        _shell_entrypoint(script),
         "CMD []",
     ]
+
+
+def _script_entry(command: tuple[str, ...]) -> list[str]:
+    script = (
+        'if [ "${1:-}" = train ]; then shift; fi; '
+        "if [ -f /opt/ml/input/config/resourceconfig.json ]; then "
+        'export SKYLIFT_CHECKPOINT_ROOT="${SKYLIFT_CHECKPOINT_ROOT:-/opt/ml/checkpoints}" '
+        'SKYLIFT_RUN_DIR="${SKYLIFT_RUN_DIR:-/opt/ml/model}"; fi; '
+        f'exec skylift launch ${{SKYLIFT_NPROC:+--nproc "$SKYLIFT_NPROC"}} -- {shlex.join(command)} "$@"'
+    )
+    return [
+        f"USER {_UID}:{_UID}",
+        "# skylift launch takes the processes per node from the platform (one elsewhere);",
+        "# SKYLIFT_NPROC fixes the count. `docker run IMAGE ARGS` adds ARGS to the script's.",
+        "# Exec form: SIGTERM reaches skylift, which gives the script its grace period to save.",
+        _shell_entrypoint(script),
+        "CMD []",
+    ]
+
+
+def _shell_entrypoint(script: str) -> str:
+    """``ENTRYPOINT`` running ``script`` with ``sh -c``; the container's arguments are its ``"$@"``."""
+    quoted = script.replace("\\", "\\\\").replace('"', '\\"')
+    return f'ENTRYPOINT ["/bin/sh", "-c", "{quoted}", "skylift-entrypoint"]'
 
 
 def write_files(text: str, out: Path, *, force: bool = False) -> list[Path]:

@@ -52,9 +52,13 @@ def require(problems: Sequence[Problem], command: Sequence[str] | None = None) -
         hint = "Add the fixes above, then submit again."
     else:
         fixes = [part for problem in problems for part in problem.fix]
-        kept = _without(command, [flag for problem in problems for flag in problem.drop], _set_keys(fixes))
+        # A script job's command ends with `-- SCRIPT ARGS`: the fixes are submit's, before it.
+        split = list(command).index("--") if "--" in command else len(command)
+        own, script = command[:split], command[split:]
+        kept = _without(own, [flag for problem in problems for flag in problem.drop], _set_keys(fixes))
         # The user's own values quoted as a shell needs them; the fixes' <placeholders> left bare.
-        hint = "With the fixes above, this would pass:\n  " + " ".join([*map(shlex.quote, kept), *fixes])
+        hint = "With the fixes above, this would pass:\n  " + " ".join(
+            [*map(shlex.quote, kept), *fixes, *map(shlex.quote, script)])
     raise SkyliftConfigError([problem.line() for problem in problems], hint=hint)
 
 
@@ -108,7 +112,8 @@ def common_problems(image: str | None, *, checkpoint_enabled: bool, checkpoint_r
     found = []
     if not image:
         found.append(Problem("--image (submit.image)", "no container image; build one with: skylift dockerfile "
-                             "CONFIG, then push it", ("--image", "<your-image>")))
+                             "--config CONFIG (a script: skylift dockerfile -- python SCRIPT), then push it",
+                             ("--image", "<your-image>")))
     found.append(_checkpoint_problem(checkpoint_enabled, checkpoint_root, stores, platform))
     for field_name, url in data_urls.items():
         found.append(store_problem(url, stores, field_name, platform) if stores else None)

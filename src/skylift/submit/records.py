@@ -4,7 +4,8 @@ window closed).
 
 ``skylift submit`` writes ``$SKYLIFT_JOBS_DIR/<platform>/<first job name>.json``
 (default ``~/.skylift/jobs``) once the platform accepts a job: the config's resolved
-path and a hash of its text, the ``--set`` overrides and flags it was submitted with,
+path and a hash of its text (a script job: its command in the image, and the config
+only if ``--config`` named one), the ``--set`` overrides and flags it was submitted with,
 the checkpoint root and image they resolved to, every job reference so far and the
 resubmission count. No credentials: an override whose key looks secret
 (``submit.envs.HF_TOKEN=...``) or whose value holds a credential variable's value is
@@ -25,6 +26,7 @@ from typing import Any
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef
 from skylift.cloud.redact import redact
+from skylift.submit.script import script_job_from_inputs
 from skylift.submit.spec import JobSpec, endpoint_for, job_from_inputs
 
 __all__ = ["JOBS_DIR_VARIABLE", "CannotResubmit", "JobRecord", "find", "job_for", "jobs_dir", "new_record",
@@ -47,7 +49,8 @@ class JobRecord:
     """Every job submitted for this run, oldest first; the last one is the live one."""
     resubmits: int
     config_path: str
-    """The config file, resolved on this machine, that ``jobs watch`` reads again."""
+    """The config file, resolved on this machine, that ``jobs watch`` reads again
+    (``""``: a script job submitted without ``--config``)."""
     config_argument: str
     """The config path as given, which the command inside the image names."""
     config_sha256: str
@@ -65,6 +68,8 @@ class JobRecord:
     """``submit.poll_interval_s`` at submit, for a watch that cannot rebuild the job."""
     submitted_at: str = ""
     updated_at: str = ""
+    script: list[str] = field(default_factory=list)
+    """A script job's command in the image (``python train.py ARGS``); empty for a config job."""
     version: int = _VERSION
 
 
@@ -76,8 +81,10 @@ def path_for(platform: str, name: str) -> Path:
     return jobs_dir() / platform / f"{name}.json"
 
 
-def new_record(job: JobSpec, ref: JobRef, *, config_path: str, overrides: list[str] | tuple[str, ...],
+def new_record(job: JobSpec, ref: JobRef, *, config_path: str | None, overrides: list[str] | tuple[str, ...],
                flags: dict[str, Any]) -> JobRecord:
+    """The record of ``job``, accepted as ``ref``; ``config_path`` as given (``None``: a
+    script job without ``--config``)."""
     kept, withheld = [], []
     for item in overrides:
         key, _, value = item.partition("=")
@@ -86,14 +93,15 @@ def new_record(job: JobSpec, ref: JobRef, *, config_path: str, overrides: list[s
         else:
             kept.append(item)
     now = _now()
-    resolved = Path(config_path).resolve()
+    resolved = Path(config_path).resolve() if config_path else None
     return JobRecord(
-        platform=ref.platform, name=job.name, refs=[str(ref)], resubmits=job.attempt, config_path=str(resolved),
-        config_argument=job.config_path, config_sha256=_sha256(resolved), overrides=kept,
+        platform=ref.platform, name=job.name, refs=[str(ref)], resubmits=job.attempt,
+        config_path=str(resolved or ""), config_argument=job.config_path,
+        config_sha256=_sha256(resolved) if resolved else "", overrides=kept,
         flags={key: value for key, value in flags.items() if value is not None},
         checkpoint_root=job.checkpoint_root, image=job.options.image or "", withheld=withheld,
         endpoint=endpoint_for(job.options, ref.platform), poll_interval_s=job.options.poll_interval_s,
-        submitted_at=now, updated_at=now,
+        submitted_at=now, updated_at=now, script=list(job.script),
     )
 
 
@@ -143,8 +151,8 @@ def job_for(record: JobRecord, *, extra_overrides: list[str] | tuple[str, ...] =
             would not resume the run).
     """
     live = record.refs[-1]
-    path = Path(config_path or record.config_path)
-    if not path.is_file():
+    path = Path(config_path or record.config_path) if config_path or record.config_path else None
+    if path is not None and not path.is_file():
         raise CannotResubmit(f"its config {path} is gone; give where it is now: "
                              f"skylift jobs watch {live} --config PATH")
     given = {item.partition("=")[0].strip() for item in extra_overrides}
@@ -155,7 +163,7 @@ def job_for(record: JobRecord, *, extra_overrides: list[str] | tuple[str, ...] =
                              f"disk; give it again: skylift jobs watch {live} {sets}")
     flags = {**record.flags, **{key: value for key, value in (extra_flags or {}).items() if value is not None}}
     try:
-        job = job_from_inputs(str(path), [*record.overrides, *extra_overrides], flags, record.config_argument)
+        job = _rebuilt(record, path, [*record.overrides, *extra_overrides], flags)
     except SkyliftConfigError as error:
         raise CannotResubmit(f"its config no longer loads: {error}") from None
     for key, now, then in (("checkpoint.root", job.checkpoint_root, record.checkpoint_root),
@@ -164,10 +172,18 @@ def job_for(record: JobRecord, *, extra_overrides: list[str] | tuple[str, ...] =
             raise CannotResubmit(f"{path} now gives {key} {now!r}, and the job ran with {then!r}: a new job would "
                                  f"not resume it; restore the config, or: skylift jobs watch {live} --set {key}={then}")
     notes = []
-    if _sha256(path) != record.config_sha256:
+    if path is not None and _sha256(path) != record.config_sha256:
         notes.append(f"{path} changed since the job was submitted; a resubmission uses it as it is now "
                      "(same checkpoint root and image)")
     return replace(job, name=record.name, attempt=record.resubmits), notes
+
+
+def _rebuilt(record: JobRecord, path: Path | None, overrides: list[str], flags: dict[str, Any]) -> JobSpec:
+    if not record.script:
+        return job_from_inputs(str(path), overrides, flags, record.config_argument)
+    # The script lives in the image: this machine need not hold it any more.
+    job = script_job_from_inputs(record.script, str(path) if path else None, overrides, flags, check_script=False)
+    return replace(job, config_path=record.config_argument)
 
 
 def _sha256(path: Path) -> str:

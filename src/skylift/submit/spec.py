@@ -4,7 +4,10 @@ A :class:`JobSpec` is made once from the run config and the submit options; each
 platform module turns it into its own request. Every platform runs the same command
 in the image, ``skylift run CONFIG --resume auto`` plus ``--set`` overrides that point
 the checkpoint root and the data at what that platform mounts or syncs, so a
-preempted or restarted job resumes from its last checkpoint.
+preempted or restarted job resumes from its last checkpoint. A script job
+(:mod:`skylift.submit.script`) runs ``skylift launch --checkpoint-root ... -- python
+train.py ARGS`` instead: the same platform values, as the flags whose variables the
+script reads.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ class JobSpec:
     """0 for the first submission, then 1, 2... for each resubmission after a reclaim."""
     grace_s: float | None = None
     """The config's ``preemption.grace_s``; ``None`` lets the platform's window decide."""
+    script: tuple[str, ...] = ()
+    """A script job's command in the image (``python train.py ARGS``); empty for a config job."""
+    run_dir: str | None = None
+    """A script job's run folder, given to the script as ``SKYLIFT_RUN_DIR``."""
 
     @property
     def envs(self) -> dict[str, str]:
@@ -63,15 +70,28 @@ class JobSpec:
 
     def command(self, overrides: dict[str, str] | None = None) -> list[str]:
         """``skylift run`` argv for inside the image; ``overrides`` are the platform's own."""
-        argv = ["skylift", "run", self.config_path, "--resume", "auto"]
         # The root is always explicit: resuming depends on it, whatever the image's copy says.
         overrides = {"checkpoint.root": self.checkpoint_root, **(overrides or {})}
+        if self.script:
+            return self._launch_command(overrides)
+        argv = ["skylift", "run", self.config_path, "--resume", "auto"]
         for item in self.run_overrides:
             if item.partition("=")[0].strip() not in overrides:  # the platform's value replaces it
                 argv += ["--set", item]
         for key, value in overrides.items():
             argv += ["--set", f"{key}={value}"]
         return argv
+
+    def _launch_command(self, overrides: dict[str, str]) -> list[str]:
+        """``skylift launch`` argv of a script job: the platform's checkpoint root and save
+        window as launch's flags (a script job mounts no data: the script reads its own)."""
+        argv = ["skylift", "launch", "--checkpoint-root", overrides["checkpoint.root"]]
+        if self.run_dir:
+            argv += ["--run-dir", self.run_dir]
+        grace_s = overrides.get("preemption.grace_s") or (f"{self.grace_s:g}" if self.grace_s is not None else None)
+        if grace_s:
+            argv += ["--grace-s", grace_s]
+        return [*argv, "--", *self.script]
 
     def grace_overrides(self, kill_after_s: float) -> dict[str, str]:
         """Workers' save window inside a platform that kills ``kill_after_s`` after SIGTERM.

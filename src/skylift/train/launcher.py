@@ -10,15 +10,20 @@ nodes by join order.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from skylift.machine.facts import Facts
 
-__all__ = ["Topology", "launch_workers", "torchrun_arguments"]
+__all__ = ["Topology", "image_script_command", "launch_workers", "script_arguments", "torchrun_arguments"]
+
+# python, python3, python3.11, this interpreter's name: each worker runs its own Python.
+_PYTHON_NAME = re.compile(r"python[\d.]*$")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,50 @@ class Topology:
         if problems:
             raise SkyliftConfigError(problems, hint="Example: skylift run CONFIG --nproc 8 --nnodes 2 "
                                      "--node-rank 0 --master-addr 10.0.0.5 --master-port 29500")
+
+
+def script_arguments(command: list[str] | tuple[str, ...]) -> list[str]:
+    """What follows ``--``, as the shim runs it: ``SCRIPT ARGS`` or ``-m MODULE ARGS``.
+
+    A leading ``--`` and the interpreter (``python``, ``python3``, this one's path) go:
+    every worker runs the image's or this machine's own Python.
+    """
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if command and (_PYTHON_NAME.match(os.path.basename(command[0])) or command[0] == sys.executable):
+        command = command[1:]
+    return command
+
+
+def image_script_command(command: list[str] | tuple[str, ...], project: Path, *,
+                         check_file: bool = True) -> tuple[str, ...]:
+    """The script command as an image built from ``project`` runs it: ``python SCRIPT ARGS``
+    with SCRIPT relative to the project (the image's working folder), or ``python -m MODULE ARGS``.
+
+    Raises:
+        SkyliftConfigError: no script, a script that is not a file (``check_file``), or
+            one outside ``project``, which the image would not contain.
+    """
+    from skylift.errors import SkyliftConfigError
+
+    arguments = script_arguments(command)
+    example = "Example: -- python train.py --epochs 3   (or -- -m my_package.train)"
+    if not arguments or arguments[0] == "-m" and len(arguments) < 2:
+        raise SkyliftConfigError("no script after --", hint=example)
+    if arguments[0] == "-m":
+        return ("python", *arguments)  # a module may come from an installed package: not checked here
+    script, *rest = arguments
+    path = (project / script).resolve()
+    if check_file and not path.is_file():
+        raise SkyliftConfigError(f"script {script!r} does not exist in {project}",
+                                 hint=f"Run this from the project folder the image is built from. {example}")
+    try:
+        relative = path.relative_to(project.resolve()).as_posix()
+    except ValueError:
+        raise SkyliftConfigError(f"script {script!r} is outside the project {project}, so the image cannot contain it",
+                                 hint="Run this from the folder that holds the script (the image's /app).") from None
+    return ("python", relative, *rest)
 
 
 def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) -> list[str]:

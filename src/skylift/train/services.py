@@ -32,7 +32,7 @@ import torch.distributed as dist
 from skylift.checkpoint.faults import fault_point
 from skylift.config.load import dump_config
 from skylift.config.schema import RunConfig
-from skylift.loop.agreement import StepAgreement, StopReason
+from skylift.loop.agreement import Decision, StepAgreement, StopReason
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import Callback, Event, EventBus, TrainState
 from skylift.monitor.breakdown import StepClock
@@ -123,6 +123,8 @@ class RunServices:
         self.started = False
         self.stopped: str | None = None
         """The agreed stop reason, once a stop was decided."""
+        self.decision = Decision()
+        """The ranks' decision at the last step boundary (a loop a framework owns acts on it)."""
         self._opened = False
         self._closed = False
 
@@ -170,7 +172,7 @@ class RunServices:
         if state.loss is not None:
             self.events.fire(Event.STEP_END, state)
         fault_point("step_end", step=state.step, rank=self.context.rank)
-        decision = self.agreement.exchange()
+        decision = self.decision = self.agreement.exchange()
         if self.checkpointing is not None:
             if self.checkpointing.due(state, decision):
                 self.metrics.flush(state)  # metrics up to a checkpoint are on disk before it commits
@@ -178,7 +180,7 @@ class RunServices:
             self.record_saves()
         if decision.stop_code == StopReason.NONE:
             return False
-        decision = self.agreement.flush() if self.context.is_distributed else decision
+        decision = self.decision = self.agreement.flush() if self.context.is_distributed else decision
         state.stop_requested = self.stopped = decision.stop_reason
         log.warning("stopping at step %d: %s", state.step, decision.stop_reason)
         if decision.stop_code == StopReason.PREEMPTED and self.checkpointing is not None:

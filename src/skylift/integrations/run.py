@@ -1,0 +1,348 @@
+"""skylift's survive-and-watch services for a loop that a framework owns.
+
+The Hugging Face Trainer and Lightning run their own loops and write their own
+checkpoints. :class:`ScriptRun` gives them what :class:`~skylift.train.runtime.Runtime`
+gives a hand-written loop, through the same :class:`~skylift.train.services.RunServices`
+(with skylift's own checkpoints off): the preemption watch and the ranks' agreement on
+a stop, ``metrics.jsonl`` with the system sampler, MFU, the cost ledger, guards and
+exporters, ``run_end``, the diagnosis and the report. A framework's callback calls, in
+this order::
+
+    start(state)                    once the framework has restored its checkpoint
+    step_begin() / mark(phase)      where the framework's hooks allow (the step breakdown)
+    step_end(state) -> stop reason  every optimizer step, on every rank
+    log_train(state, ...)           the framework's training logs (every rank)
+    saved(step, ...)                its checkpoint is sealed: checkpoint, preemption records
+    finish() -> exit code           run_end, report; 143 after a preemption
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from skylift.config.load import load_config
+from skylift.config.schema import RunConfig
+from skylift.config.script_environment import ScriptEnvironment
+from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_OK, EXIT_REQUEUE
+from skylift.loop.agreement import StopReason
+from skylift.loop.distributed import DistributedContext, exit_cleanly
+from skylift.loop.events import TrainState
+from skylift.train.services import RunServices
+
+__all__ = ["BatchCount", "ScriptRun", "exit_code_for", "resolve_config"]
+
+log = logging.getLogger("skylift")
+
+_EXIT_CODES = {StopReason.NAMES[StopReason.PREEMPTED]: EXIT_REQUEUE, StopReason.NAMES[StopReason.GUARD]: EXIT_GUARD}
+
+
+def resolve_config(config: RunConfig | str | os.PathLike[str] | None, *, default_run_dir: str | os.PathLike[str] | None,
+                   environ: dict[str, str] | None = None) -> RunConfig:
+    """The run configuration of a framework script: the YAML file, a :class:`RunConfig`, or
+    the defaults; then what the launcher or platform set (``SKYLIFT_RUN_DIR``,
+    ``SKYLIFT_CHECKPOINT_ROOT``), which wins.
+
+    ``default_run_dir`` is the run folder when neither the config nor the environment
+    names one (the Trainer's ``output_dir``)."""
+    if config is None:
+        resolved = load_config(None)
+    elif isinstance(config, RunConfig):
+        resolved = config.model_copy(deep=True)
+    else:
+        resolved = load_config(str(config))
+    told = ScriptEnvironment.read(environ)
+    if told.run_dir:
+        resolved.run_dir = Path(told.run_dir)
+    elif "run_dir" not in resolved.model_fields_set and default_run_dir is not None:
+        resolved.run_dir = Path(default_run_dir)
+    if told.checkpoint_root:
+        resolved.checkpoint.root = told.checkpoint_root
+    return resolved
+
+
+def exit_code_for(stopped: str | None) -> int:
+    """143 after a preemption, 3 after a guard's stop, 1 after another stop (a failed save), else 0."""
+    if stopped is None:
+        return EXIT_OK
+    return _EXIT_CODES.get(stopped, EXIT_FAILURE)
+
+
+class ScriptRun:
+    """One attempt of a framework-driven run, on every rank.
+
+    Args:
+        config: the resolved run configuration (:func:`resolve_config`).
+        context: where this process sits in the job.
+        precision: ``fp32``, ``tf32``, ``fp16`` or ``bf16`` (the peak FLOP/s MFU divides by).
+        micro_steps: forward passes per optimizer step.
+    """
+
+    def __init__(self, config: RunConfig, context: DistributedContext, *, precision: str, micro_steps: int) -> None:
+        self.config = config
+        self.context = context
+        services_config = config.model_copy(deep=True)
+        services_config.checkpoint.enabled = False  # the framework writes its own
+        services_config.monitor.progress_bar = False  # and draws its own progress
+        self.services = RunServices(services_config, context, device=context.device, precision=precision,
+                                    ddp_module=lambda: None, micro_steps=micro_steps)
+        # Barriers of the commit rule run on their own gloo group, off the framework's (NCCL) traffic.
+        self._group = dist.new_group(backend="gloo") if context.is_distributed else None
+        self.state = TrainState(total_steps=0, steps_per_epoch=0, global_batch_size=0)
+        self.stopped: str | None = None
+        """Why the run stops (``preemption notice``, ``guard``) once the ranks agreed, else None."""
+        self.stop_step: int | None = None
+        self.last_committed_step: int | None = None
+        self._started_at = time.perf_counter()
+        self._breakdowns: dict[int, dict[str, float]] = {}
+        self._interval = _Interval()
+        self._step_started_s: float | None = None
+        self._finished = False
+
+    # -- the loop -------------------------------------------------------------------
+
+    def start(self, state: TrainState, *, resumed_from_step: int | None) -> None:
+        """Refuse a resume past the budget, write ``run_start``, start the watchers (every rank)."""
+        self.state = state
+        self.services.resumed_from_step = resumed_from_step
+        self.services.resume(None, state)
+        self._started_at = time.perf_counter()
+        self._interval.reset()
+
+    def step_begin(self) -> None:
+        """The step's batches are in hand: what came before was data wait (and the last save or log)."""
+        self._step_started_s = time.perf_counter()
+        self._interval.data_wait_s += self._step_started_s - self._interval.last_step_end_s
+        self.services.clock.mark("data_wait")
+
+    def mark(self, phase: str) -> None:
+        """A phase of the step breakdown (``forward_backward``, ``optimizer``) ends now."""
+        self.services.clock.mark(phase)
+
+    def step_end(self, step: int, *, epoch: int, samples_seen: int, lr: float = 0.0,
+                 loss: torch.Tensor | None = None, scalars: dict[str, Any] | None = None) -> str | None:
+        """Optimizer step ``step`` is done (every rank): guards, the ranks' agreed decision.
+
+        ``loss`` (still on the device): a ``train`` record through skylift's own logger,
+        every ``monitor.log_every_steps``, with ``scalars`` (every rank the same names);
+        ``None`` when the framework's logs bring the losses (:meth:`log_train`). Returns
+        the agreed stop reason, or None."""
+        self.services.clock.mark("between_steps")
+        now_s = time.perf_counter()
+        self._interval.step_done(now_s)
+        state = self.state
+        state.step, state.epoch, state.samples_seen, state.lr, state.loss = step, epoch, samples_seen, lr, loss
+        state.step_time_s, state.data_wait_s = self._interval.last_step_s, self._interval.last_data_wait_s
+        if scalars:
+            state.extra["scalars"] = scalars
+        stop = self.services.step_end(state)
+        breakdown = state.extra.pop("breakdown_s", None)
+        if breakdown is not None and loss is None:
+            self._breakdowns[step] = breakdown  # for the framework's log of this step
+        state.extra.pop("scalars", None)
+        if stop and self.stopped is None:
+            self.stopped, self.stop_step = self.services.stopped, step
+        return self.stopped if stop else None
+
+    def request_save(self) -> None:
+        """Ask every rank to save at the next step boundary (from any one rank)."""
+        self.services.agreement.request_save()
+
+    @property
+    def save_requested(self) -> bool:
+        """Whether the ranks agreed at this step to save (a rebalance recommendation, say)."""
+        return self.services.decision.save
+
+    def log_train(self, step: int, *, loss: float, lr: float, grad_norm: float | None = None,
+                  scalars: dict[str, float] | None = None, flops_so_far: float | None = None) -> None:
+        """The framework's training log at ``step`` as one ``train`` record (every rank: one all-reduce).
+
+        ``loss`` is the framework's (already averaged over ranks and its logging interval);
+        ``flops_so_far``: the framework's count of model FLOPs of all ranks since the start,
+        for MFU."""
+        state = self.state
+        device = self.context.device
+        record_state = TrainState(total_steps=state.total_steps, steps_per_epoch=state.steps_per_epoch,
+                                  global_batch_size=state.global_batch_size, step=step, epoch=state.epoch,
+                                  samples_seen=state.samples_seen, lr=lr)
+        record_state.loss = torch.tensor(float(loss), device=device)
+        record_state.grad_norm = torch.tensor(float(grad_norm), device=device) if grad_norm is not None else None
+        record_state.step_time_s, record_state.data_wait_s = self._interval.means()
+        breakdown = self._breakdowns.pop(step, None)
+        self._breakdowns = {key: value for key, value in self._breakdowns.items() if key > step}
+        if breakdown is not None:
+            record_state.extra["breakdown_s"] = breakdown
+        if scalars:
+            record_state.extra["scalars"] = scalars
+        self._count_flops(flops_so_far)
+        self.services.metrics.on_step_end(record_state)
+        self.services.metrics.flush(record_state)
+        self._interval.reset()
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """An ``eval`` record (rank 0 writes it)."""
+        if self.context.is_main:
+            self.services.metrics.write_event({"kind": "eval", "step": step, "epoch": self.state.epoch, **metrics,
+                                               "time": time.time()})
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Every rank waits here (the framework's files are all written; the commit is done)."""
+        if self._group is not None:
+            dist.barrier(group=self._group)
+
+    def saved(self, step: int, *, started_at_s: float, error: str | None = None,
+              uploaded_at_s: float | None = None, upload_error: str | None = None) -> None:
+        """Rank 0: the checkpoint of ``step`` was sealed (``error``: it was not): its records.
+
+        ``started_at_s``: ``time.perf_counter()`` when the save began."""
+        if not self.context.is_main:
+            return
+        now_s = time.perf_counter()
+        committed = error is None
+        if committed:
+            self.last_committed_step = step
+        record: dict[str, Any] = {"kind": "checkpoint", "step": step, "committed": committed,
+                                  "stall_s": round(now_s - started_at_s, 6), "write_s": round(now_s - started_at_s, 6),
+                                  "error": error, "time": time.time()}
+        if uploaded_at_s is not None or upload_error is not None:
+            record.update(uploaded=upload_error is None, upload_error=upload_error)
+        self.services.metrics.write_event(record)
+        if self.stopped == StopReason.NAMES[StopReason.PREEMPTED] and step == self.stop_step:
+            self.services.metrics.write_event(self._preemption_record(step, committed, uploaded_at_s, now_s))
+
+    def _preemption_record(self, step: int, committed: bool, uploaded_at_s: float | None,
+                           committed_at_s: float) -> dict[str, Any]:
+        decision = self.services.decision
+        now = time.time()
+        noticed_at = decision.noticed_at_s if math.isfinite(decision.noticed_at_s) else now
+        window_s = decision.deadline_s - noticed_at
+        commit_wall_s = now - (time.perf_counter() - committed_at_s)
+        record = {
+            "kind": "preemption", "step": step, "reason": decision.stop_reason or self.stopped,
+            "seconds_left_at_notice": None if math.isinf(window_s) else round(window_s, 3),
+            "saved": committed, "checkpoint_step": self.last_committed_step,
+            "notice_to_commit_s": round(commit_wall_s - noticed_at, 3), "time": now,
+        }
+        if uploaded_at_s is not None:
+            upload_wall_s = now - (time.perf_counter() - uploaded_at_s)
+            record["notice_to_upload_s"] = round(upload_wall_s - noticed_at, 3)
+        return record
+
+    # -- the end ----------------------------------------------------------------------
+
+    def finish(self) -> int:
+        """``run_end``, the diagnosis and the report; stop every thread. Returns the exit code
+        the process should end with (see :func:`exit_code_for`); idempotent."""
+        if self._finished:
+            return exit_code_for(self.stopped)
+        self._finished = True
+        try:
+            self.services.finish(self.state, self._started_at)
+            if self.context.is_main:
+                from skylift.monitor.report import write_run_report
+
+                report = write_run_report(self.config)
+                self._say_where_it_ended(report)
+        finally:
+            self.services.close()
+        return exit_code_for(self.stopped)
+
+    def close(self) -> None:
+        """Stop every background thread (after a failure; :meth:`finish` does it otherwise)."""
+        self.services.close()
+
+    def exit(self, code: int) -> None:
+        """End the process with ``code`` once every rank got here (so no rank's exit makes the
+        launcher kill a peer still committing its checkpoint)."""
+        self.barrier()
+        exit_cleanly(code)
+
+    def _say_where_it_ended(self, report: Any) -> None:
+        run_dir = self.services.run_dir.root
+        if self.stopped:
+            print(f"skylift: stopped at step {self.state.step} ({self.stopped}); run folder {run_dir}", file=sys.stderr)
+        if self.stopped == StopReason.NAMES[StopReason.PREEMPTED]:
+            committed = self.last_committed_step
+            print(f"skylift: preempted; checkpoint step {committed} is complete; run the same command again to resume",
+                  file=sys.stderr)
+        elif report is not None:
+            print(f"skylift: report {report.html_path}  (live view of a running job: skylift monitor {run_dir})",
+                  file=sys.stderr)
+
+    def _count_flops(self, flops_so_far: float | None) -> None:
+        monitor = self.services.monitor
+        if flops_so_far and monitor.wants_flops and self.state.samples_seen > 0:
+            monitor.record_flops(flops_so_far, self.state.samples_seen)
+
+
+class BatchCount:
+    """Steps per epoch and samples seen, from a framework's training loader.
+
+    The frameworks count steps, not samples; this counts full global batches, each
+    epoch's last short one as what it holds (the dataset's length)."""
+
+    def __init__(self, steps_per_epoch: int, global_batch: int, samples_per_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+        self.global_batch = global_batch
+        self.samples_per_epoch = samples_per_epoch
+
+    @classmethod
+    def of(cls, loader: Any, *, per_rank_batch: int, world_size: int, accumulation: int) -> BatchCount:
+        """``loader``: one rank's training loader (its length in batches, its dataset's in samples)."""
+        global_batch = per_rank_batch * max(world_size, 1) * accumulation
+        try:
+            batches = len(loader)
+        except TypeError:  # an iterable dataset: no epochs to count
+            return cls(0, global_batch, 0)
+        steps = max(math.ceil(batches / accumulation), 1)
+        try:
+            samples = len(loader.dataset)
+        except (AttributeError, TypeError):
+            samples = steps * global_batch
+        return cls(steps, global_batch, samples)
+
+    def samples_at(self, step: int) -> int:
+        """Samples the first ``step`` optimizer steps took."""
+        if not self.steps_per_epoch:
+            return step * self.global_batch
+        epochs, into = divmod(step, self.steps_per_epoch)
+        return epochs * self.samples_per_epoch + min(into * self.global_batch, self.samples_per_epoch)
+
+
+class _Interval:
+    """Step and data-wait times since the last log, on this rank."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self.last_step_end_s = time.perf_counter()
+        self.last_step_s = 0.0
+        self.last_data_wait_s = 0.0
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.step_s = 0.0
+        self.data_wait_s = 0.0
+        self._data_wait_at_last_step = 0.0
+
+    def step_done(self, now_s: float) -> None:
+        self.last_step_s = now_s - self.last_step_end_s
+        self.last_data_wait_s = self.data_wait_s - self._data_wait_at_last_step
+        self._data_wait_at_last_step = self.data_wait_s
+        self.step_s += self.last_step_s
+        self.steps += 1
+        self.last_step_end_s = now_s
+
+    def means(self) -> tuple[float, float]:
+        if not self.steps:
+            return 0.0, 0.0
+        return self.step_s / self.steps, self.data_wait_s / self.steps

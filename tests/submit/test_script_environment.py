@@ -1,0 +1,40 @@
+"""The variables a script job reads: ``skylift launch``'s flags set them, and
+``script_environment.apply_to`` turns them into a run config's folder and checkpoint root."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from skylift.config.load import load_config
+from skylift.config.script_environment import apply_to
+
+
+def test_the_variables_replace_the_configs_folder_and_root_and_say_so(caplog):
+    config = load_config("examples/own_loop.yaml")
+    environ = {"SKYLIFT_RUN_DIR": "/opt/ml/model", "SKYLIFT_CHECKPOINT_ROOT": "s3://bucket/runs/own-loop",
+               "SKYLIFT_PLATFORM": "sagemaker"}
+    with caplog.at_level(logging.INFO, logger="skylift"):
+        applied = apply_to(config, environ)
+    assert (applied.run_dir, applied.checkpoint.root) == (Path("/opt/ml/model"), "s3://bucket/runs/own-loop")
+    assert (config.run_dir, config.checkpoint.root) == (Path("runs/own_loop"), None)  # the given one is left alone
+    assert "run_dir: /opt/ml/model from SKYLIFT_RUN_DIR (the config says runs/own_loop)" in caplog.text
+    assert "checkpoint.root: s3://bucket/runs/own-loop from SKYLIFT_CHECKPOINT_ROOT" in caplog.text
+    untouched = applied.model_dump(exclude={"run_dir", "checkpoint"})
+    assert untouched == config.model_dump(exclude={"run_dir", "checkpoint"})
+
+
+def test_without_the_variables_the_config_stands_and_nothing_is_logged(caplog):
+    config = load_config("examples/own_loop.yaml")
+    with caplog.at_level(logging.INFO, logger="skylift"):
+        assert apply_to(config, {"SKYLIFT_RUN_DIR": ""}) == config
+    assert caplog.text == ""
+
+
+def test_launch_sets_the_variables_from_its_flags(cli_here):
+    result = cli_here("launch", "--dry-run", "--checkpoint-root", "s3://bucket/runs/own-loop", "--run-dir", "runs/x",
+                      "--", "python", "examples/own_loop.py")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["SKYLIFT_RUN_DIR=runs/x", "SKYLIFT_CHECKPOINT_ROOT=s3://bucket/runs/own-loop"]
+    assert lines[2].startswith("torchrun ") and lines[2].endswith("-m skylift.cli.shim examples/own_loop.py")

@@ -3,11 +3,11 @@
 # BERT/MiniLM batching and gradient checkpointing); what each section measures and the
 # targets are in benchmarks/gpu_bench.py's docstring. Writes ONE JSON file.
 #
-#   bash benchmarks/gpu.sh [out.json]          # default gpu-bench.json; ~5 min, under 8 on one H200
+#   bash benchmarks/gpu.sh [out.json]          # default gpu-bench.json; ~6 min, under 9 on one H200
 #   PYTHON=/path/to/python bash benchmarks/gpu.sh out.json
 #   CUDA_VISIBLE_DEVICES=3 bash benchmarks/gpu.sh   # pick the GPU
 #
-# Each section runs in its own process under `timeout` (caps below: 420 s in all, plus
+# Each section runs in its own process under `timeout` (caps below: 510 s in all, plus
 # at most 5 s each to kill a section that ignores SIGTERM, plus 20 s of nvidia-smi) and
 # merges its figures into the file as soon as it has them; a section that hits its cap
 # or fails is recorded under "failures" and the next one runs. Nothing here changes GPU
@@ -60,5 +60,11 @@ section resnet-synthetic 200
 section resnet-jpeg 110
 section bert 70
 section summary 15
+
+# FSDP on one GPU: the largest Llama-shaped model one GPU fine-tunes with FSDP + CPU
+# offload and without (benchmarks/fsdp.py --device cuda; each size its own process).
+echo "== fsdp (at most 90 s; $((SECONDS - START)) s so far)"
+timeout --kill-after=5 90 "$PY" -m benchmarks.fsdp --device cuda --output "${OUT%.json}-fsdp.json" \
+  || echo "!! fsdp failed or hit its cap (exit status $?); partial figures in ${OUT%.json}-fsdp.json"
 
 echo "wrote $OUT in $((SECONDS - START)) s"

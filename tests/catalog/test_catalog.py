@@ -83,7 +83,7 @@ def test_bad_price_file_names_the_problem(tmp_path, text, message):
 
 def test_gpu_filter_keeps_variants_but_not_prefixes():
     models = {row.gpu_model for row in filter_rows(load_catalog(), gpus=["a100"])}
-    assert models == {"A100", "A100-80GB"}
+    assert models == {"A100", "A100-80GB", "A100-80GB-PCIe"}
     assert {row.gpu_model for row in filter_rows(load_catalog(), gpus=["A10"])} == {"A10"}
 
 

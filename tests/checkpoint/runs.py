@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_cli
+from tests.conftest import REPO_ROOT, run_cli
 
 # fp32 and deterministic kernels: a resumed run must equal the uninterrupted one bit for bit.
 EXACT = (
@@ -24,13 +33,26 @@ EXACT = (
 
 
 LEAN = ("monitor.report=false",)
-"""With ``--no-doctor``: what :func:`lean_train` adds. The doctor's start-up checks (a
-memory trace of the model) and the HTML report's PNGs cost about half of a quickstart
-run's ~6 s; neither touches the checkpoints, and their own tests cover them."""
+"""With ``--no-doctor``: what :func:`lean_train` adds. The HTML report's PNGs cost about
+1.5 s of a run; the doctor's memory trace costs a launcher of ``--nproc`` workers the
+import of torch._dynamo (1.4 s; a training process imports it anyway). Neither touches
+the checkpoints, and their own tests cover them."""
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+"""A single-process run's threads. On two cores shared with other jobs, two OpenMP threads
+wait on each other at every operator: a quickstart step measured 78 ms on one thread and
+816 ms on two while other tests ran. Another thread count sums in another order, so every
+single-process run that is compared bit for bit goes through :func:`train` and gets this."""
 
 
 def train(run_dir: Path, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None, timeout_s: float = 300,
           lean: bool = False):
+    return run_cli(*train_arguments(run_dir, *overrides, nproc=nproc, lean=lean), env=train_environment(nproc, env),
+                   timeout_s=timeout_s)
+
+
+def train_arguments(run_dir: Path, *overrides: str, nproc: int = 1, lean: bool = False) -> list[str]:
+    """The ``skylift`` arguments :func:`train` runs."""
     args = ["run", "examples/quickstart.yaml", "--json", "--set", f"run_dir={run_dir}"]
     if lean:
         args.append("--no-doctor")
@@ -38,12 +60,90 @@ def train(run_dir: Path, *overrides: str, nproc: int = 1, env: dict[str, str] | 
         args += ["--set", override]
     if nproc > 1:
         args += ["--nproc", str(nproc)]
-    return run_cli(*args, env=env, timeout_s=timeout_s)
+    return args
+
+
+def train_environment(nproc: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """:data:`ONE_THREAD` for one process (the launcher shares the cores among ``--nproc``
+    workers itself), under the caller's ``env``."""
+    return {**(ONE_THREAD if nproc == 1 else {}), **(env or {})}
 
 
 def lean_train(run_dir: Path, *overrides: str, **kwargs):
     """:func:`train` without the doctor's checks and the HTML report (see :data:`LEAN`)."""
     return train(run_dir, *overrides, lean=True, **kwargs)
+
+
+class Background:
+    """A command started now and collected by :meth:`result`: a reference run that trains on
+    one core while the runs compared with it use the other. ``Background.skylift(ARGS)`` is
+    ``python -m skylift ARGS`` as :func:`tests.conftest.run_cli` starts it. Killed on leaving
+    the ``with`` block if still running (a test that failed early)."""
+
+    def __init__(self, command: list[str], *, env: dict[str, str], timeout_s: float = 300) -> None:
+        self.command, self.timeout_s = command, timeout_s
+        # Files, not pipes: a full pipe would stall the run while nobody reads it.
+        self._stdout, self._stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=self._stdout, stderr=self._stderr,
+                                      text=True)
+
+    @classmethod
+    def skylift(cls, *args: str, env: dict[str, str] | None = None, timeout_s: float = 300) -> Background:
+        return cls([sys.executable, "-m", "skylift", *args], env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                   timeout_s=timeout_s)
+
+    def result(self) -> subprocess.CompletedProcess:
+        """Wait for the run to end; what it printed, as :func:`tests.conftest.run_cli` returns it."""
+        code = self.popen.wait(timeout=self.timeout_s)
+        outputs = []
+        for stream in (self._stdout, self._stderr):
+            stream.seek(0)
+            outputs.append(stream.read())
+        return subprocess.CompletedProcess(self.command, code, *outputs)
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.popen.poll() is None:
+            import psutil
+
+            # torchrun's workers live in sessions of their own: every descendant, by pid.
+            family = psutil.Process(self.popen.pid).children(recursive=True)
+            self.popen.kill()
+            for process in family:
+                try:
+                    process.kill()
+                except psutil.Error:
+                    pass
+            self.popen.wait()
+            psutil.wait_procs(family, timeout=30)
+        self._stdout.close()
+        self._stderr.close()
+
+
+@contextmanager
+def state_kept() -> Iterator[None]:
+    """For a ``skylift run`` in this process (``cli_here``), on one thread as :data:`ONE_THREAD`
+    gives a subprocess: what the run sets for the whole process put back afterwards. It points
+    the ``skylift`` logger at this test's captured stderr and stops it propagating (later
+    tests' ``caplog`` would see nothing); ``deterministic`` and the seeds are process-wide; a
+    recipe or model named by file path puts its folder on ``sys.path``."""
+    logger = logging.getLogger("skylift")
+    handlers, level, propagate, search_path = list(logger.handlers), logger.level, logger.propagate, list(sys.path)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    threads, generators = torch.get_num_threads(), (torch.get_rng_state(), random.getstate(), numpy.random.get_state())
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        logger.handlers[:], logger.level, logger.propagate, sys.path[:] = handlers, level, propagate, search_path
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_num_threads(threads)
+        torch.set_rng_state(generators[0])
+        random.setstate(generators[1])
+        numpy.random.set_state(generators[2])
 
 
 def summary(run_dir: Path) -> dict:

@@ -15,7 +15,16 @@ import pytest
 
 from skylift.checkpoint.manifest import committed_steps, read_manifest, read_verified
 from skylift.storage import open_store
-from tests.checkpoint.runs import LEAN, assert_same_run, lean_train, records, summary
+from tests.checkpoint.runs import (
+    LEAN,
+    ONE_THREAD,
+    assert_same_run,
+    lean_train,
+    records,
+    state_kept,
+    summary,
+    train_arguments,
+)
 from tests.servers import FaultyProxy
 
 KILLED = -9
@@ -72,7 +81,7 @@ def test_rank_dying_mid_write_keeps_the_previous_commit(reference_ddp, tmp_path)
 
 
 @pytest.mark.slow
-def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_path):
+def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_path, cli_here):
     run_dir = tmp_path / "run"
     assert lean_train(run_dir, "schedule.max_steps=30").returncode == 0
     store = open_store(str(run_dir / "checkpoints"))
@@ -82,18 +91,23 @@ def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_pa
     data[-5] ^= 0x01
     model_file.write_bytes(bytes(data))
 
-    explicit = lean_train(run_dir, "schedule.max_steps=40", f"checkpoint.resume={run_dir / 'checkpoints' / 'step-30'}")
+    # The two resumes in this process: what they read, refuse and say is under test, not a
+    # process start (nothing is killed here).
+    with state_kept():
+        explicit = cli_here(*train_arguments(run_dir, "schedule.max_steps=40",
+                                             f"checkpoint.resume={run_dir / 'checkpoints' / 'step-30'}", lean=True))
     assert explicit.returncode == 1
     assert "step-30/model.safetensors does not match the manifest" in explicit.stderr
 
-    auto = lean_train(run_dir, "schedule.max_steps=40")
+    with state_kept():
+        auto = cli_here(*train_arguments(run_dir, "schedule.max_steps=40", lean=True))
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert "skipping checkpoint" in auto.stderr and "step-30" in auto.stderr
     assert summary(run_dir)["resumed_from_step"] == 28
 
 
 @pytest.mark.slow
-def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(tmp_path):
+def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(tmp_path, cli_here):
     from tests.conftest import REPO_ROOT
 
     import os
@@ -102,11 +116,13 @@ def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(
 
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     root = tmp_path / "shared-root"
-    args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--set", f"checkpoint.root={root}",
-            "--set", "schedule.epochs=400", "--set", "monitor.tensorboard=false", "--no-doctor"]
+    args = ["run", "examples/quickstart.yaml", "--set", f"checkpoint.root={root}", "--set", "schedule.epochs=400",
+            "--set", "monitor.tensorboard=false", "--no-doctor"]
     args += [arg for override in LEAN for arg in ("--set", override)]
-    first = subprocess.Popen([*args, "--set", f"run_dir={first_dir}"], cwd=REPO_ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # One thread: the holder trains until it is killed, on one core, beside the runs it blocks.
+    first = subprocess.Popen([sys.executable, "-m", "skylift", *args, "--set", f"run_dir={first_dir}"], cwd=REPO_ROOT,
+                             env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
     try:
         deadline = time.monotonic() + 120
         while not (root / "LEASE.json").exists():
@@ -114,8 +130,10 @@ def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(
             assert time.monotonic() < deadline
             time.sleep(0.2)
         started = time.monotonic()
-        second = subprocess.run([*args, "--set", f"run_dir={second_dir}"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=120, env=os.environ)
+        # The second and third runs in this process (another pid, as another process has): the
+        # lease's answer is under test, not their start-up.
+        with state_kept():
+            second = cli_here(*args, "--set", f"run_dir={second_dir}")
         assert second.returncode == 1
         assert "run owned by job" in second.stderr and f"pid {first.pid}" in second.stderr
         assert time.monotonic() - started < 30
@@ -124,9 +142,9 @@ def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(
         first.kill()
         first.wait()
     # The holder is dead (same host, its pid is gone): the lease is stale and taken over.
-    third = subprocess.run([*args, "--set", f"run_dir={second_dir}", "--set", "schedule.max_steps=5",
-                            "--set", "schedule.warmup_steps=0"],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    with state_kept():
+        third = cli_here(*args, "--set", f"run_dir={second_dir}", "--set", "schedule.max_steps=5",
+                         "--set", "schedule.warmup_steps=0")
     assert third.returncode == 0, third.stderr[-2000:]
     assert "taking over a stale lease" in third.stderr
 

@@ -37,7 +37,7 @@ from skylift.checkpoint.manifest import read_manifest, read_verified
 from skylift.cloud.notice import CLOUDS
 from skylift.errors import EXIT_REQUEUE
 from skylift.storage import open_store
-from tests.checkpoint.runs import LEAN
+from tests.checkpoint.runs import LEAN, ONE_THREAD
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT
 
@@ -82,11 +82,11 @@ def _environment(cloud: str | None = None, endpoint: str = DEAD_ENDPOINT) -> dic
     return env
 
 
-def _command(run_dir: Path, nproc: int) -> list[str]:
+def _command(run_dir: Path, nproc: int, overrides: tuple[str, ...] = ()) -> list[str]:
     # --no-doctor and LEAN (no HTML report): half a quickstart run's fixed cost, and
     # neither is part of stopping, saving or resuming.
     args = [sys.executable, "-m", "skylift", "run", QUICKSTART, "--json", "--no-doctor", "--set", f"run_dir={run_dir}"]
-    for override in (*OVERRIDES, *LEAN):
+    for override in (*OVERRIDES, *LEAN, *overrides):
         args += ["--set", override]
     if nproc > 1:
         args += ["--nproc", str(nproc)]
@@ -97,7 +97,7 @@ class Run:
     """``skylift run`` in a subprocess, with its output in files and its whole
     process tree (torchrun's workers live in sessions of their own) killed on exit."""
 
-    def __init__(self, run_dir: Path, *, nproc: int = 1, env: dict[str, str]) -> None:
+    def __init__(self, run_dir: Path, *, nproc: int = 1, env: dict[str, str], overrides: tuple[str, ...] = ()) -> None:
         self.run_dir = run_dir
         self.nproc = nproc
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -106,9 +106,11 @@ class Run:
         attempt = len(list(self._logs.glob("stdout-*")))
         self._stdout_path = self._logs / f"stdout-{attempt}"
         self._stderr_path = self._logs / f"stderr-{attempt}"
+        if nproc == 1:
+            env = {**ONE_THREAD, **env}  # as every single-process run compared bitwise (tests.checkpoint.runs)
         with self._stdout_path.open("w") as stdout, self._stderr_path.open("w") as stderr:
             self.popen = subprocess.Popen(
-                _command(run_dir, nproc), cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr,
+                _command(run_dir, nproc, overrides), cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         self.family: dict[int, psutil.Process] = {}
@@ -178,17 +180,17 @@ class Run:
 
 
 @contextmanager
-def running(run_dir: Path, *, nproc: int = 1, env: dict[str, str]) -> Iterator[Run]:
-    run = Run(run_dir, nproc=nproc, env=env)
+def running(run_dir: Path, *, nproc: int = 1, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Iterator[Run]:
+    run = Run(run_dir, nproc=nproc, env=env, overrides=overrides)
     try:
         yield run
     finally:
         run.kill()
 
 
-def train_to_end(run_dir: Path, *, nproc: int = 1, env: dict[str, str]) -> Run:
+def train_to_end(run_dir: Path, *, nproc: int = 1, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Run:
     """Run to the end; fail unless it exits 0."""
-    with running(run_dir, nproc=nproc, env=env) as run:
+    with running(run_dir, nproc=nproc, env=env, overrides=overrides) as run:
         assert run.wait() == 0, run.explain()
     return run
 
@@ -234,8 +236,8 @@ class Reference:
 class ReferenceRun:
     """An uninterrupted run started at once in the background; :meth:`get` waits for it."""
 
-    def __init__(self, run_dir: Path, *, nproc: int) -> None:
-        self.run = Run(run_dir, nproc=nproc, env=_environment())
+    def __init__(self, run_dir: Path, *, nproc: int, overrides: tuple[str, ...] = ()) -> None:
+        self.run = Run(run_dir, nproc=nproc, env=_environment(), overrides=overrides)
         self._result: Reference | None = None
 
     def get(self) -> Reference:
@@ -305,9 +307,10 @@ def assert_preempted_and_committed(run: Run, *, world_size: int) -> tuple[dict, 
     return record, stopped_at
 
 
-def assert_resumes_exactly(run_dir: Path, stopped_at: int, background: ReferenceRun, *, nproc: int, env: dict) -> Run:
+def assert_resumes_exactly(run_dir: Path, stopped_at: int, background: ReferenceRun, *, nproc: int, env: dict,
+                           overrides: tuple[str, ...] = ()) -> Run:
     """Run the same command again: resume from ``stopped_at``, exit 0, equal the reference."""
-    rerun = train_to_end(run_dir, nproc=nproc, env=env)
+    rerun = train_to_end(run_dir, nproc=nproc, env=env, overrides=overrides)
     reference = background.get()
     summary = _summary(run_dir)
     assert summary["resumed_from_step"] == stopped_at, summary

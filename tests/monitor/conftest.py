@@ -45,7 +45,8 @@ def _command(run_dir: Path) -> list[str]:
 def _environment() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("SKYLIFT_") or key.startswith("SKYLIFT_NETGUARD_")}  # the guard stays
-    env.update(PYTHONUNBUFFERED="1", SKYLIFT_METADATA_ENDPOINT=DEAD_ENDPOINT)
+    # One thread: on two shared cores two OpenMP threads wait on each other at every operator.
+    env.update(PYTHONUNBUFFERED="1", SKYLIFT_METADATA_ENDPOINT=DEAD_ENDPOINT, OMP_NUM_THREADS="1")
     return env
 
 

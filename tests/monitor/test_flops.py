@@ -41,7 +41,7 @@ def test_gpu_peaks_by_name_and_precision():
     assert gpu_peak("NVIDIA H200", "bf16").flops_per_s == 989e12
     assert gpu_peak("NVIDIA H100 PCIe", "bf16").flops_per_s == 756e12
     assert gpu_peak("NVIDIA A100-SXM4-80GB", "tf32").flops_per_s == 156e12
-    assert gpu_peak("NVIDIA A10G", "fp16").source == "table:a10g"
+    assert gpu_peak("NVIDIA A10G", "fp16").source == "table:a10g-24gb"
     assert gpu_peak("Tesla T4", "fp32").flops_per_s == 8.1e12
     unknown = gpu_peak("Some Future GPU", "bf16")
     assert unknown.flops_per_s is None and unknown.source.startswith("unknown")

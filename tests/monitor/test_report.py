@@ -165,6 +165,34 @@ def test_cost_figure_draws_spend_and_projection():
     assert projection.get_ydata()[-1] == 0.5
 
 
+def test_every_label_stays_inside_its_figure():
+    """The figures have fixed margins, not a layout measured at each draw: every title, tick
+    label, axis label, annotation and legend must still fit in the figure and clear the panel
+    beside it, with 7-digit throughput ticks (the widest the margins are sized for) and every
+    step phase named beside its bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    records = synthetic_records()
+    for record in records:
+        if record["kind"] == "train":
+            record["samples_per_s"] = 2_500_000.0 + 1000 * (record["step"] % 7)
+    attempts = split_attempts(records)
+    axis = plots.TimeAxis(attempts)
+    figures = [plots.loss_figure(attempts), plots.throughput_figure(attempts), plots.utilization_figure(attempts, axis),
+               plots.breakdown_figure(attempts), plots.cost_figure(attempts, axis), plots.timeline_figure(attempts, axis)]
+    for figure in figures:
+        renderer = FigureCanvasAgg(figure).get_renderer()
+        figure.draw(renderer)
+        # What each panel drew, its labels and legend included (what a constrained layout fits).
+        drawn = [ax.get_tightbbox(renderer) for ax in figure.axes]
+        for ax, box in zip(figure.axes, drawn, strict=True):
+            # Half a pixel: Agg places text on whole pixels.
+            assert box.x0 >= -0.5 and box.y0 >= -0.5, (ax.get_title(), box)
+            assert box.x1 <= figure.bbox.x1 + 0.5 and box.y1 <= figure.bbox.y1 + 0.5, (ax.get_title(), box)
+        for left, left_box, right_box in zip(figure.axes, drawn, drawn[1:], strict=False):  # side by side
+            assert left_box.x1 <= right_box.x0, (left.get_title(), left_box, right_box)
+
+
 def test_every_section_renders_with_a_reason_when_its_records_are_absent(tmp_path):
     train_only = [r for r in synthetic_records() if r["kind"] == "train"]
     for record in train_only:

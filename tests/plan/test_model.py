@@ -159,3 +159,12 @@ def test_a_gpu_curve_keeps_its_fixed_part_on_another_gpu():
     per_sample = 0.003125 * 64 * 2 * 1e11 / target.peak_flops_per_s
     assert prediction.parts_s["compute"] == pytest.approx(fixed + per_sample)
     assert any("launches and dispatch on the host" in line for line in prediction.assumptions)
+
+
+def test_a_bench_without_flops_says_why_instead_of_nan():
+    m = measurement(flops_per_sample=None, mfu=None)
+    row = next(row for row in load_catalog() if row.instance_type == "g6.xlarge")
+    prediction = predict_step(m, row_target(row, m, nodes=1, efficiency=None))
+    texts = [text for text in prediction.assumptions if "efficiency measured on this cpu" in text]
+    assert texts and all("nan" not in text for text in prediction.assumptions), prediction.assumptions
+    assert "share of peak unknown: the bench has no FLOPs per sample" in texts[0]

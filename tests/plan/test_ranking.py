@@ -36,7 +36,7 @@ def test_spot_adds_restarts_and_reports_the_saving():
     plain_hours = predicted_hours(m, spot.prediction.step_time_s, 5000)
     assert spot.expected_interruptions == pytest.approx(0.1 * plain_hours)
     assert spot.predicted_hours == pytest.approx(plain_hours + spot.expected_interruptions * 360 / 3600)
-    assert spot.spot_savings_usd == pytest.approx(0.8048 * plain_hours - 0.349 * spot.predicted_hours)
+    assert spot.spot_savings_usd == pytest.approx(0.8048 * plain_hours - 0.3653 * spot.predicted_hours)
 
 
 def test_a_save_longer_than_the_notice_loses_half_a_checkpoint_interval():

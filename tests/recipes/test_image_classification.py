@@ -31,7 +31,7 @@ from skylift.recipes.args import BUILTIN_RECIPE_ARGS
 from skylift.recipes.image_classification import ImageClassification
 from skylift.storage import open_store
 from skylift.train.optim import build_optimizer
-from tests.checkpoint.runs import assert_same_run, records, summary
+from tests.checkpoint.runs import Background, assert_same_run, records, state_kept, summary
 from tests.conftest import run_cli
 
 PRESET = "examples/resnet-shapes-cpu.yaml"
@@ -42,13 +42,19 @@ TINY = ("data.num_samples=240", "data.image_size=32", "recipe.args.crop_size=32"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
-def _run(cli, run_dir, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None):
-    args = ["run", PRESET, "--json", "--set", f"run_dir={run_dir}"]
+def _arguments(run_dir, *overrides: str, nproc: int = 1) -> list[str]:
+    # --no-doctor: its checks are tested on their own; for a launcher of --nproc workers
+    # its memory trace costs the import of torch._dynamo, which the launcher needs for nothing else.
+    args = ["run", PRESET, "--json", "--no-doctor", "--set", f"run_dir={run_dir}"]
     for override in (*TINY, *overrides):
         args += ["--set", override]
     if nproc > 1:
         args += ["--nproc", str(nproc)]
-    return cli(*args, env={**ONE_THREAD, **(env or {})})
+    return args
+
+
+def _run(cli, run_dir, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None):
+    return cli(*_arguments(run_dir, *overrides, nproc=nproc), env={**ONE_THREAD, **(env or {})})
 
 
 def test_shapes_are_seeded_jpegs_of_varied_sizes_and_balanced_classes():
@@ -168,9 +174,12 @@ def test_png_with_decode_on_device_names_the_setting():
         RawJpeg(train=True)(buffer.getvalue())
 
 
-def test_a_run_decoding_on_the_device_trains_and_evaluates(cli, tmp_path):
+def test_a_run_decoding_on_the_device_trains_and_evaluates(cli_here, tmp_path):
+    # In this process: what the run does is under test, not a process start (seconds of imports).
     run_dir = tmp_path / "run"
-    result = _run(cli, run_dir, "recipe.args.decode_on=device", "schedule.max_steps=6", "checkpoint.enabled=false")
+    with state_kept():
+        result = _run(cli_here, run_dir, "recipe.args.decode_on=device", "schedule.max_steps=6",
+                      "checkpoint.enabled=false")
     assert result.returncode == 0, result.stderr[-3000:]
     assert summary(run_dir)["samples_seen"] == 6 * 16 and "accuracy" in summary(run_dir)["eval_metrics"]
 
@@ -219,11 +228,12 @@ def test_cpu_preset_learns_the_shapes(tmp_path):
     other processes was at step 45 of 100 after 300 s), so the process gets 1200 s before it counts
     as hung."""
     run_dir = tmp_path / "run"
-    # No timed checkpoints either (the preset saves every 2 minutes): this test is about learning.
-    result = run_cli("run", PRESET, "--json", "--set", f"run_dir={run_dir}", "--set", "data.num_samples=2000",
-                     "--set", "schedule.epochs=4", "--set", "schedule.warmup_steps=10", "--set",
-                     "schedule.eval_every_epochs=4", "--set", "monitor.tensorboard=false",
-                     "--set", "checkpoint.enabled=false", timeout_s=1200)
+    # No timed checkpoints either (the preset saves every 2 minutes), no report (~1.5 s of
+    # matplotlib) and no doctor: this test is about learning.
+    result = run_cli("run", PRESET, "--json", "--no-doctor", "--set", f"run_dir={run_dir}", "--set",
+                     "data.num_samples=2000", "--set", "schedule.epochs=4", "--set", "schedule.warmup_steps=10",
+                     "--set", "schedule.eval_every_epochs=4", "--set", "monitor.tensorboard=false",
+                     "--set", "monitor.report=false", "--set", "checkpoint.enabled=false", timeout_s=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     evaluations = records(run_dir, "eval")
     losses = [record["loss"] for record in records(run_dir, "train")]
@@ -244,11 +254,13 @@ def test_kill_and_resume_with_augmentation_equals_the_uninterrupted_run(cli, tmp
              "checkpoint.every_minutes=null", "checkpoint.save_at_end=false", "checkpoint.async_save=false",
              "monitor.report=false")  # the runs are compared, their reports never read (~1.5 s each)
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
-    assert _run(cli, reference, *exact).returncode == 0
-    killed = _run(cli, run_dir, *exact, env={"SKYLIFT_FAULT_INJECTION": "step_end:step=14"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = _run(cli, run_dir, *exact)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The uninterrupted run trains on one core while the killed and resumed runs use the other.
+    with Background.skylift(*_arguments(reference, *exact), env=ONE_THREAD) as uninterrupted:
+        killed = _run(cli, run_dir, *exact, env={"SKYLIFT_FAULT_INJECTION": "step_end:step=14"})
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        resumed = _run(cli, run_dir, *exact)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert uninterrupted.result().returncode == 0
     assert summary(run_dir)["resumed_from_step"] == 12
     assert summary(run_dir)["steps"] == summary(reference)["steps"] == 22
     assert_same_run(run_dir, reference)

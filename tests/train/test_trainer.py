@@ -13,6 +13,16 @@ from skylift.train.optim import build_optimizer, lr_multiplier
 from skylift.train.trainer import Trainer
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # These fits run in this process: on two cores shared with other jobs, two OpenMP threads
+    # wait on each other at every operator (a quickstart step: 78 ms on one thread, 816 ms on two).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _config(tmp_path, *overrides):
     # No HTML report: its PNGs cost more than these short fits, and no test here reads it.
     base = [f"run_dir={tmp_path}", "monitor.tensorboard=false", "monitor.progress_bar=off", "monitor.report=false",

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["PRICE_FILE_COLUMNS", "InstanceRow", "filter_rows", "load_catalog", "overlay_prices"]
+__all__ = ["PRICE_FILE_COLUMNS", "InstanceRow", "filter_rows", "load_catalog", "overlay_prices", "spot_zone_table"]
 
 PRICE_FILE_COLUMNS = ("provider", "instance_type", "region", "on_demand_usd_per_hour", "spot_usd_per_hour")
 """Columns a user's price file must have (``price_source`` and ``price_read_on`` are optional)."""
@@ -59,7 +59,16 @@ class InstanceRow(BaseModel):
     on_demand_usd_per_hour: float | None = Field(default=None, gt=0)
     """On-demand list price of one instance, USD/hour; ``None`` when unverified."""
     spot_usd_per_hour: float | None = Field(default=None, gt=0)
-    """Spot price of one instance, USD/hour (lowest zone of the region); ``None`` if unknown."""
+    """Spot price of one instance, USD/hour: the median zone's of the region (the lower
+    middle of an even count: a price one zone lists), what a job that lands in any zone
+    pays; one cheap outlier zone does not move it. ``None`` if unknown."""
+    spot_cheapest_usd_per_hour: float | None = Field(default=None, gt=0)
+    """The cheapest zone's spot price, USD/hour, shown beside the median; ``None`` if unknown."""
+    spot_cheapest_zone: str | None = None
+    """The zone that lists ``spot_cheapest_usd_per_hour`` (``use1-az1``)."""
+    spot_zone_prices: str | None = None
+    """Every zone's spot price as read at ``price_source``, ``zone=USD;zone=USD``; when
+    given, ``spot_usd_per_hour`` and the cheapest zone must be its median and minimum."""
     price_status: Literal["verified", "price_unverified", "user"]
     """``verified``: read from ``price_source`` on ``price_read_on``; ``price_unverified``: no
     public price was found, so there is no number; ``user``: from the user's price file."""
@@ -83,6 +92,19 @@ class InstanceRow(BaseModel):
         if self.price_status != "price_unverified" and not (has_price and self.price_source and self.price_read_on):
             raise ValueError("a priced row needs on_demand_usd_per_hour or spot_usd_per_hour, price_source and "
                              "price_read_on")  # fmt: skip
+        return self._spot_agrees_with_zones()
+
+    def _spot_agrees_with_zones(self) -> InstanceRow:
+        if not self.spot_zone_prices:
+            return self
+        zones = sorted((price, zone) for zone, price in spot_zone_table(self.spot_zone_prices).items())
+        median_price, _ = zones[(len(zones) - 1) // 2]
+        if self.spot_usd_per_hour != median_price:
+            raise ValueError(f"spot_usd_per_hour {self.spot_usd_per_hour} is not the median zone's price "
+                             f"{median_price} of spot_zone_prices")  # fmt: skip
+        if (self.spot_cheapest_usd_per_hour, self.spot_cheapest_zone) != zones[0]:
+            raise ValueError(f"spot_cheapest_usd_per_hour and spot_cheapest_zone must be the cheapest zone of "
+                             f"spot_zone_prices: {zones[0][1]} at {zones[0][0]}")  # fmt: skip
         return self
 
     @property
@@ -95,6 +117,20 @@ class InstanceRow(BaseModel):
     def price(self, spot: bool) -> float | None:
         """USD/hour of one instance, spot or on-demand; ``None`` when there is no price."""
         return self.spot_usd_per_hour if spot else self.on_demand_usd_per_hour
+
+
+def spot_zone_table(text: str) -> dict[str, float]:
+    """``"use1-az1=0.37;use1-az2=0.43"`` as ``{zone: USD/hour}``."""
+    table = {}
+    for item in text.split(";"):
+        zone, equals, price = item.partition("=")
+        try:
+            table[zone.strip()] = float(price)
+        except ValueError:
+            equals = ""
+        if not equals or not zone.strip():
+            raise ValueError(f"spot_zone_prices item {item!r} is not zone=USD (e.g. use1-az1=0.3707)")
+    return table
 
 
 def _parse(record: dict[str, str], where: str) -> InstanceRow:
@@ -153,6 +189,8 @@ def _overlaid(row: InstanceRow, record: dict[str, str] | None, price_file: Path)
     fields.update(
         on_demand_usd_per_hour=record.get("on_demand_usd_per_hour") or None,
         spot_usd_per_hour=record.get("spot_usd_per_hour") or None,
+        # The shipped zones describe the shipped spot price, not the user's.
+        spot_cheapest_usd_per_hour=None, spot_cheapest_zone=None, spot_zone_prices=None,
         price_status="user",
         price_source=record.get("price_source") or str(price_file),
         price_read_on=record.get("price_read_on") or datetime.date.fromtimestamp(price_file.stat().st_mtime),

@@ -108,6 +108,13 @@ class CheckpointManager:
         self.history: list[SaveResult] = []
 
     @property
+    def group(self) -> Any:
+        """The gloo group of the commits (None in one process). A sharded save's and
+        restore's planning runs on it too, on the training thread: never while a save is
+        in flight (:meth:`save` waits for the previous one first)."""
+        return self._group
+
+    @property
     def busy(self) -> bool:
         return self._in_flight is not None and not self._in_flight.done()
 
@@ -180,11 +187,12 @@ class CheckpointManager:
         started = time.perf_counter()
         first = self.tier.store if self.tier is not None else self.store
         entries, error = self._write_files(snapshot, first)
-        result.committed, result.error = self._commit(snapshot.step, entries, error, first, snapshot.local_entries)
+        result.committed, result.error = self._commit(snapshot.step, entries, error, first, snapshot.layout,
+                                                      snapshot.local_entries)
         if result.committed and self.tier is not None:
             result.local_commit_s = time.perf_counter() - started
             result.local_committed_at = time.time()
-            self._upload(snapshot.step, entries, result)
+            self._upload(snapshot.step, entries, result, snapshot.layout)
         result.write_s = time.perf_counter() - started
         result.finished = True
         if result.committed:
@@ -219,7 +227,7 @@ class CheckpointManager:
             return entries, f"rank {self.rank}: {type(failure).__name__}: {failure}"
         return entries, None
 
-    def _upload(self, step: int, entries: dict[str, dict[str, Any]], result: SaveResult) -> None:
+    def _upload(self, step: int, entries: dict[str, dict[str, Any]], result: SaveResult, layout: str) -> None:
         """Second commit, from the local copy to the root; the local commit stands either way."""
         assert self.tier is not None
         error = None
@@ -230,7 +238,7 @@ class CheckpointManager:
             fault_point("after_upload", step=step, rank=self.rank)
         except Exception as failure:  # any failure abandons the upload on every rank
             error = f"rank {self.rank}: upload: {type(failure).__name__}: {failure}"
-        result.uploaded, result.upload_error = self._commit(step, entries, error, self.store)
+        result.uploaded, result.upload_error = self._commit(step, entries, error, self.store, layout)
         if not result.uploaded:
             log.error("checkpoint step %d kept only on this node's disk: %s", step, result.upload_error)
 
@@ -255,6 +263,7 @@ class CheckpointManager:
         entries: dict[str, dict[str, Any]],
         error: str | None,
         store: Store,
+        layout: str,
         local_entries: dict[str, dict[str, Any]] | None = None,
     ) -> tuple[bool, str | None]:
         """All ranks report; rank 0 writes ``store``'s manifest if every rank succeeded."""
@@ -262,7 +271,10 @@ class CheckpointManager:
         decision: list[Any] = [False, None, None]
         if self.rank == 0:
             errors = [report[1] for report in reports if report[1]]
-            decision = [False, "; ".join(errors), None] if errors else self._write_manifest(step, reports, store)
+            if errors:
+                decision = [False, "; ".join(errors), None]
+            else:
+                decision = self._write_manifest(step, reports, store, layout)
             if not decision[0]:
                 self._discard(step, store)
         if self.world_size > 1:
@@ -278,11 +290,13 @@ class CheckpointManager:
                 self.tier.discard(step)
         return bool(decision[0]), decision[1]
 
-    def _write_manifest(self, step: int, reports: list[tuple[dict, str | None]], store: Store) -> list[Any]:
+    def _write_manifest(
+        self, step: int, reports: list[tuple[dict, str | None]], store: Store, layout: str
+    ) -> list[Any]:
         files: dict[str, dict[str, Any]] = {}
         for report_entries, _ in reports:
             files.update(report_entries)
-        encoded = Manifest.create(step, self.world_size, files).encode()
+        encoded = Manifest.create(step, self.world_size, files, layout).encode()
         try:
             store.write_bytes(f"{step_folder(step)}/{MANIFEST}", encoded)
             fault_point("after_manifest", step=step, rank=self.rank)

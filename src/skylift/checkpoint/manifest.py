@@ -13,6 +13,11 @@ Layout under ``checkpoint.root``::
       rng-rank<R>.json         every rank: Python and NumPy generator states
       manifest.json            written last: every file with size and sha256
 
+A sharded model (FSDP2) is saved in the ``sharded`` layout instead (see sharded.py):
+``model-rank<R>.safetensors`` and ``optimizer-rank<R>.safetensors`` from every rank,
+``dcp-metadata.json`` from rank 0 in place of the two whole-model files; the manifest's
+``layout`` says which.
+
 A ``step-N/`` without a manifest that verifies does not exist for readers.
 """
 
@@ -52,6 +57,7 @@ log = logging.getLogger("skylift")
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 FORMAT = "skylift-checkpoint/1"
+LAYOUTS = ("replicated", "sharded")
 _STEP_PATTERN = re.compile(r"^step-(\d+)$")
 
 
@@ -65,6 +71,8 @@ class Manifest:
     world_size: int
     files: dict[str, dict[str, Any]]
     created_at: float
+    layout: str = "replicated"
+    """``replicated`` (the whole model from rank 0) or ``sharded`` (every rank's shards)."""
 
     def encode(self) -> bytes:
         payload = {
@@ -72,6 +80,7 @@ class Manifest:
             "step": self.step,
             "world_size": self.world_size,
             "created_at": self.created_at,
+            "layout": self.layout,
             "files": self.files,
         }
         return json.dumps(payload, indent=1, sort_keys=True).encode()
@@ -83,13 +92,18 @@ class Manifest:
             if payload.get("format") != FORMAT:
                 raise ValueError(f"format {payload.get('format')!r} is not {FORMAT!r}")
             files = {str(name): {"size": int(e["size"]), "sha256": str(e["sha256"])} for name, e in payload["files"].items()}
-            return cls(int(payload["step"]), int(payload["world_size"]), files, float(payload["created_at"]))
+            layout = payload.get("layout", "replicated")  # manifests written before sharding have none
+            if layout not in LAYOUTS:
+                raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+            return cls(int(payload["step"]), int(payload["world_size"]), files, float(payload["created_at"]), layout)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise CorruptCheckpointError(f"{where}: unreadable manifest ({error})") from None
 
     @classmethod
-    def create(cls, step: int, world_size: int, files: dict[str, dict[str, Any]]) -> Manifest:
-        return cls(step, world_size, dict(sorted(files.items())), time.time())
+    def create(
+        cls, step: int, world_size: int, files: dict[str, dict[str, Any]], layout: str = "replicated"
+    ) -> Manifest:
+        return cls(step, world_size, dict(sorted(files.items())), time.time(), layout)
 
 
 def step_folder(step: int) -> str:
@@ -145,7 +159,7 @@ def read_manifest(store: Store, step: int) -> Manifest:
     except StorageNotFoundError:
         raise CorruptCheckpointError(f"{store.describe(step_folder(step))} has no manifest: not committed") from None
     manifest = Manifest.decode(data, store.describe(key))
-    missing = sorted(required_files(manifest.world_size) - set(manifest.files))
+    missing = sorted(required_files(manifest.world_size, manifest.layout) - set(manifest.files))
     if missing or manifest.step != step:
         problem = f"lists no {', '.join(missing)}" if missing else f"is for step {manifest.step}"
         raise CorruptCheckpointError(f"{store.describe(key)} {problem}")

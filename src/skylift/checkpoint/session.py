@@ -8,9 +8,11 @@ end. Every decision that can abort is taken collectively.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,16 @@ from skylift.checkpoint.manifest import (
     committed_steps,
     read_manifest,
     read_verified,
+    step_folder,
 )
+from skylift.checkpoint.sharded import capture_sharded, is_sharded, restore_sharded
 from skylift.checkpoint.state import (
+    DCP_METADATA_FILE,
     EXTRA_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     OPTIMIZER_TENSORS_FILE,
+    SHARDED,
     TRAINER_FILE,
     capture,
     restore_extra,
@@ -105,6 +111,7 @@ class Checkpointing:
         self._recorded = 0
         self._resumed_from = ""  # with a local tier: how many files came from it
         self._last_saved_step: int | None = None
+        self._sharded = False  # the model's parameters are DTensors (set by resume())
         self._last_save_time = time.monotonic()
         self.stall_between_steps_s = 0.0
         self.stall_in_optimizer_s = 0.0
@@ -131,16 +138,11 @@ class Checkpointing:
             # A background save copies parameters and optimizer state while the next
             # forward and backward run; only the optimizer step must wait for it.
             objects.optimizer.register_step_pre_hook(self._before_optimizer_step)
-        step, contents = self._select()
-        if step is None:
+        self._sharded = is_sharded(objects.model)
+        restored = self._select_and_restore(objects)
+        if restored is None:
             return None
-        counters = restore_replicated(
-            contents,
-            model=objects.model,
-            optimizer=objects.optimizer,
-            scheduler=objects.scheduler,
-            scaler=objects.scaler,
-        )
+        step, contents, counters = restored
         self._restore_rng(contents, step)
         state.step, state.epoch, state.samples_seen = counters["step"], counters["epoch"], counters["samples_seen"]
         if objects.loader is not None and "loader" in counters:
@@ -150,6 +152,52 @@ class Checkpointing:
         self._last_saved_step = step
         log.info("resumed from %s%s", self.store.describe(f"step-{step}"), self._resumed_from)
         return step
+
+    def _select_and_restore(self, objects: TrainingObjects) -> tuple[int, dict[str, bytes], dict[str, Any]] | None:
+        """The checkpoint ``checkpoint.resume`` selects, loaded into ``objects``: (its step,
+        this rank's files of it, its counters), or None for a fresh start.
+
+        A sharded checkpoint's shards are read (and verified) during the load, which DCP
+        runs collectively: one that fails on any rank fails on every rank, and ``auto``
+        goes on to the next older checkpoint (the load overwrites every tensor again).
+        """
+        for step, manifest, contents in self._selections():
+            try:
+                return step, contents, self._restore(objects, manifest, contents)
+            except CorruptCheckpointError as problem:
+                if manifest.layout != SHARDED or self.config.resume != "auto":
+                    raise
+                log.warning("skipping checkpoint %s: %s", self.store.describe(step_folder(step)), problem)
+        return None
+
+    def _restore(self, objects: TrainingObjects, manifest: Manifest, contents: dict[str, bytes]) -> dict[str, Any]:
+        """Load one checkpoint (either layout) into ``objects``; return its counters."""
+        if manifest.layout == SHARDED:
+            return restore_sharded(
+                contents, self._shard_reader(manifest), model=objects.model, optimizer=objects.optimizer,
+                scheduler=objects.scheduler, scaler=objects.scaler, group=self.manager.group,
+                where=self.store.describe(step_folder(manifest.step)),
+            )
+        if self._sharded:
+            raise SkyliftConfigError(
+                f"{self.store.describe(step_folder(manifest.step))} holds a whole (replicated) model, saved by a "
+                "run without sharding, and this run's model is sharded (distributed.strategy: fsdp)",
+                hint="Resume it with distributed.strategy: ddp (its next save is then replicated too), or start "
+                "the sharded run from a new checkpoint.root.",
+            )
+        return restore_replicated(
+            contents, model=objects.model, optimizer=objects.optimizer, scheduler=objects.scheduler,
+            scaler=objects.scaler,
+        )
+
+    def _shard_reader(self, manifest: Manifest) -> Callable[[str], bytes]:
+        """Verified bytes of one of the checkpoint's shard files, local copy first."""
+        local = self.tier.store if self.tier is not None else None
+
+        def read(name: str) -> bytes:
+            return read_with_fallback(manifest, [name], local, self.store)[0][name]
+
+        return read
 
     def _before_optimizer_step(self, *_: Any) -> None:
         started = time.perf_counter()
@@ -221,8 +269,9 @@ class Checkpointing:
         counters = {"step": state.step, "epoch": epoch, "samples_seen": state.samples_seen}
         if objects.loader is not None:
             counters["loader"] = objects.loader.state_dict()
+        take = functools.partial(capture_sharded, group=self.manager.group) if self._sharded else capture
         result = self.manager.save(
-            lambda: capture(
+            lambda: take(
                 step=state.step,
                 rank=self.context.rank,
                 model=objects.model,
@@ -295,26 +344,27 @@ class Checkpointing:
         if self.lease is not None:
             self.lease.release()
 
-    def _select(self) -> tuple[int | None, dict[str, bytes] | None]:
-        """The checkpoint ``checkpoint.resume`` selects, agreed by all ranks, with this
-        rank's files of it (read and verified)."""
+    def _selections(self) -> Iterator[tuple[int, Manifest, dict[str, bytes]]]:
+        """The checkpoints ``checkpoint.resume`` selects, agreed by all ranks, newest
+        first, each with its manifest and this rank's files of it (read and verified)."""
         choice = self.config.resume
         if choice == "never":
             self._refuse_existing()
-            return None, None
+            return
         if choice != "auto":
             step = self._broadcast(self._explicit(choice) if self.context.is_main else None)
             manifest = read_manifest(self.store, step)  # raises CorruptCheckpointError: no fallback
-            return step, read_verified(self.store, step, manifest, self._names_for_this_rank(manifest))
+            yield step, manifest, read_verified(self.store, step, manifest, self._names_for_this_rank(manifest))
+            return
         for step in self._candidates():
-            contents, problem = self._try_read(step)
+            manifest, contents, problem = self._try_read(step)
             problems = self._gather_all(problem)
             if not any(problems):
-                return step, contents
+                yield step, manifest, contents
+                continue
             for rank, rank_problem in enumerate(problems):
                 if rank_problem and (rank == self.context.rank or self.context.is_main):
                     log.warning("skipping checkpoint %s: %s", self.store.describe(f"step-{step}"), rank_problem)
-        return None, None
 
     def _candidates(self) -> list[int]:
         """Steps committed in the root or in any node's local copy, newest first."""
@@ -324,17 +374,18 @@ class Checkpointing:
         union = set().union(*self._gather_all(steps))
         return sorted(union, reverse=True)
 
-    def _try_read(self, step: int) -> tuple[dict[str, bytes] | None, str | None]:
+    def _try_read(self, step: int) -> tuple[Any, Any, str | None]:
+        """(manifest, this rank's files, None), or (None, None, the problem)."""
         local = self.tier.store if self.tier is not None else None
         try:
             manifest = manifest_with_fallback(step, local, self.store)
             contents, sources = read_with_fallback(manifest, self._names_for_this_rank(manifest), local, self.store)
         except (CorruptCheckpointError, StorageError) as error:
-            return None, str(error)
+            return None, None, str(error)
         if local is not None:
             from_local = sum(source == "local" for source in sources.values())
             self._resumed_from = f": {from_local} of {len(sources)} files from the local copy {local.url}"
-        return contents, None
+        return manifest, contents, None
 
     def _refuse_existing(self) -> None:
         existing = sorted(set(self._candidates()))
@@ -375,7 +426,11 @@ class Checkpointing:
         return int(name[5:])
 
     def _names_for_this_rank(self, manifest: Manifest) -> list[str]:
-        names = [MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE]
+        """The files read before the load: a sharded checkpoint's shards are read during it."""
+        if manifest.layout == SHARDED:
+            names = [DCP_METADATA_FILE, OPTIMIZER_FILE, TRAINER_FILE]
+        else:
+            names = [MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE]
         return names + [name for name in (*rng_files(self.context.rank), EXTRA_FILE) if name in manifest.files]
 
     def _restore_rng(self, contents: dict[str, bytes], step: int) -> None:

@@ -5,7 +5,9 @@ runs on the training thread and only copies (device -> host clones); serialising
 hashing and uploading happen later, off the training thread.
 
 Per checkpoint, rank 0 contributes the replicated state (model, optimizer, LR
-schedule, GradScaler, counters) and every rank its own RNG streams.
+schedule, GradScaler, counters) and every rank its own RNG streams. A sharded model
+(FSDP2) is captured by :mod:`skylift.checkpoint.sharded` instead, into the same
+:class:`Snapshot` with every rank's shards; the names of both layouts' files are here.
 """
 
 from __future__ import annotations
@@ -25,14 +27,21 @@ from safetensors.torch import load as load_tensors
 from torch import nn
 
 __all__ = [
+    "SAFETENSORS_DTYPES",
+    "HostCopier",
     "Snapshot",
     "capture",
+    "param_groups",
     "required_files",
     "restore_extra",
     "restore_replicated",
     "restore_rng",
+    "restore_schedule",
     "rng_files",
+    "rng_snapshot",
+    "shard_files",
     "split_extra",
+    "trainer_document",
 ]
 
 MODEL_FILE = "model.safetensors"
@@ -42,14 +51,33 @@ TRAINER_FILE = "trainer.json"
 EXTRA_FILE = "extra.safetensors"
 """The tensors of the user's own state (``Runtime.resume(extra)``); only when there are some."""
 
+REPLICATED = "replicated"
+"""The layout of a checkpoint whose model every rank holds whole (one process, DDP)."""
+SHARDED = "sharded"
+"""The layout of a checkpoint of a sharded model (FSDP2): each rank's shards in its own files."""
+DCP_METADATA_FILE = "dcp-metadata.json"
+"""Sharded layout, rank 0: every tensor's global shape and chunks, and the file holding each chunk."""
+
 
 def rng_files(rank: int) -> tuple[str, str]:
     return f"rng-rank{rank}.safetensors", f"rng-rank{rank}.json"
 
 
-def required_files(world_size: int) -> set[str]:
+def shard_files(rank: int) -> tuple[str, str]:
+    """Sharded layout: rank ``rank``'s (model chunks, optimizer-state chunks) files. Apart,
+    so that consolidating the weights never reads the optimizer state (twice their size
+    under Adam)."""
+    return f"model-rank{rank}.safetensors", f"optimizer-rank{rank}.safetensors"
+
+
+def required_files(world_size: int, layout: str = REPLICATED) -> set[str]:
     """Files a complete checkpoint of ``world_size`` ranks must list in its manifest."""
-    names = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
+    if layout == SHARDED:
+        names = {DCP_METADATA_FILE, OPTIMIZER_FILE, TRAINER_FILE}
+        for rank in range(world_size):
+            names.update(shard_files(rank))
+    else:
+        names = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
     for rank in range(world_size):
         names.update(rng_files(rank))
     return names
@@ -71,6 +99,8 @@ class Snapshot:
     """(host buffer, live tensor) copies still to make: parameters and optimizer state,
     which only the next ``optimizer.step()`` changes (see :func:`capture`)."""
     copied: threading.Event = field(default_factory=threading.Event)
+    layout: str = REPLICATED
+    """How the model is stored: :data:`REPLICATED` or :data:`SHARDED` (the manifest records it)."""
 
     def complete_copies(self) -> None:
         """Make the deferred copies (off the training thread), then signal ``copied``."""
@@ -135,11 +165,9 @@ def capture(
     on (a blocking save), where a copy would cost time and memory (a preemption's
     save: ~1 s per GB) for nothing.
     """
-    copier = _HostCopier(buffers if buffers is not None else {})
+    copier = HostCopier(buffers if buffers is not None else {})
     copier.reference_host_tensors = reference_host_tensors
-    snapshot = Snapshot(step)
-    rng_tensors_file, rng_json_file = rng_files(rank)
-    snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
+    snapshot = rng_snapshot(step, rank)
     if not (replicated if replicated is not None else rank == 0):
         return snapshot
     copier.defer = defer
@@ -159,17 +187,36 @@ def capture(
     snapshot.deferred = copier.deferred
     snapshot.tensors[OPTIMIZER_TENSORS_FILE] = optimizer_tensors
     snapshot.documents[OPTIMIZER_FILE] = optimizer_document
-    snapshot.documents[TRAINER_FILE] = {
+    snapshot.documents[TRAINER_FILE] = trainer_document(step, counters, scheduler, scaler, extra_values)
+    if rank != 0:
+        snapshot.local_only = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
+        snapshot.local_only.update({EXTRA_FILE} if extra_tensors else set())
+    return snapshot
+
+
+def rng_snapshot(step: int, rank: int) -> Snapshot:
+    """A snapshot holding only this rank's RNG streams (what every rank contributes)."""
+    snapshot = Snapshot(step)
+    rng_tensors_file, rng_json_file = rng_files(rank)
+    snapshot.tensors[rng_tensors_file], snapshot.documents[rng_json_file] = _capture_rng()
+    return snapshot
+
+
+def trainer_document(
+    step: int,
+    counters: dict[str, Any],
+    scheduler: Any,
+    scaler: torch.amp.GradScaler | None,
+    extra_values: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``trainer.json`` document: counters, LR schedule, GradScaler, the user's JSON values."""
+    return {
         "step": step,
         "counters": counters,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "grad_scaler": scaler.state_dict() if scaler is not None else None,
         "extra": extra_values,
     }
-    if rank != 0:
-        snapshot.local_only = {MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE}
-        snapshot.local_only.update({EXTRA_FILE} if extra_tensors else set())
-    return snapshot
 
 
 def split_extra(extra: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -219,7 +266,11 @@ def restore_replicated(
     optimizer.load_state_dict(
         _join_optimizer(load_tensors(files[OPTIMIZER_TENSORS_FILE]), json.loads(files[OPTIMIZER_FILE]))
     )
-    trainer = json.loads(files[TRAINER_FILE])
+    return restore_schedule(json.loads(files[TRAINER_FILE]), scheduler=scheduler, scaler=scaler)
+
+
+def restore_schedule(trainer: dict[str, Any], *, scheduler: Any, scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
+    """Load the LR schedule and GradScaler from a ``trainer.json`` document; return the counters."""
     if scheduler is not None and trainer["scheduler"] is not None:
         scheduler.load_state_dict(trainer["scheduler"])
     if scaler is not None:
@@ -256,7 +307,7 @@ def _capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, document
 
 
-class _HostCopier:
+class HostCopier:
     """Copies tensors into reusable host buffers (pinned for GPU sources, asynchronous)."""
 
     def __init__(self, buffers: dict[str, torch.Tensor]) -> None:
@@ -289,7 +340,7 @@ class _HostCopier:
             torch.cuda.synchronize()
 
 
-_SAFETENSORS_DTYPES = {
+SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
@@ -308,10 +359,10 @@ def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> Iterator[bytes | me
     names = sorted(tensors)
     for name in names:
         tensor = tensors[name]
-        if tensor.dtype not in _SAFETENSORS_DTYPES:
+        if tensor.dtype not in SAFETENSORS_DTYPES:
             raise TypeError(f"cannot store {name} of dtype {tensor.dtype} in a checkpoint")
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -328,7 +379,7 @@ def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> Iterator[bytes | me
 
 
 def _split_optimizer(
-    state_dict: dict[str, Any], copier: _HostCopier
+    state_dict: dict[str, Any], copier: HostCopier
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors: dict[str, torch.Tensor] = {}
     values: dict[str, dict[str, Any]] = {}
@@ -348,8 +399,14 @@ def _join_optimizer(tensors: dict[str, torch.Tensor], document: dict[str, Any]) 
         state.setdefault(int(index), {})[name] = tensor
     for index, entries in document["values"].items():
         state.setdefault(int(index), {}).update(entries)
+    return {"state": state, "param_groups": param_groups(document)}
+
+
+def param_groups(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """An ``optimizer.json`` document's parameter groups as the optimizer gave them
+    (JSON made its tuples lists)."""
     groups = document["param_groups"]
     for group in groups:
         if "betas" in group and isinstance(group["betas"], list):
             group["betas"] = tuple(group["betas"])
-    return {"state": state, "param_groups": groups}
+    return groups

@@ -43,7 +43,7 @@ def render_rows(rows: list) -> str:  # rows: list[InstanceRow]
     from skylift.machine.gpus import gpu_spec
 
     header = ("provider", "instance", "region", "gpus", "GiB/gpu", "vCPU", "RAM GiB", "link", "net Gb/s",
-              "peak bf16 TF", "mem TB/s", "on-demand $/h", "spot $/h", "notice s")  # fmt: skip
+              "peak bf16 TF", "mem TB/s", "on-demand $/h", "spot $/h (cheapest zone)", "notice s")  # fmt: skip
     lines = [header]
     for row in rows:
         spec = gpu_spec(row.gpu_model)
@@ -55,16 +55,25 @@ def render_rows(rows: list) -> str:  # rows: list[InstanceRow]
             f"{spec.peak_tflops['half']:g}" if spec else "?",
             f"{spec.memory_bandwidth_bytes_per_s / 1e12:.2f}" if spec else "?",
             "price_unverified" if unverified else _usd(row.on_demand_usd_per_hour),
-            "price_unverified" if unverified else _usd(row.spot_usd_per_hour),
+            "price_unverified" if unverified else _spot(row),
             f"{row.spot_notice_window_s:g}" if row.spot_notice_window_s else "?",
         ))  # fmt: skip
     widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines]
     sources = sorted({f"{row.price_source} (read {row.price_read_on})" for row in rows if row.price_source})
-    text.append(f"{len(rows)} rows; * = hardware figures not re-read at the source (see the row's spec_source)")
+    text.append(f"{len(rows)} rows; * = hardware figures not re-read at the source (see the row's spec_source); "
+                "spot = the median zone's price, the cheapest zone's in brackets")
     text += ["prices: " + source for source in sources]
     return "\n".join(text)
 
 
 def _usd(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def _spot(row) -> str:  # row: InstanceRow
+    """The median zone's spot price, with the cheapest zone's beside it when it is lower."""
+    cheapest = row.spot_cheapest_usd_per_hour
+    if row.spot_usd_per_hour is None or cheapest is None or cheapest >= row.spot_usd_per_hour:
+        return _usd(row.spot_usd_per_hour)
+    return f"{_usd(row.spot_usd_per_hour)} ({_usd(cheapest)} {row.spot_cheapest_zone})"

@@ -26,6 +26,7 @@ COMMANDS = {
     "catalog": ("catalog", "Cloud GPU instances with hardware, interconnect and sourced on-demand/spot prices."),
     "bench": ("bench", "Measure a short real run of a config here: speed, step breakdown, memory, MFU, save time."),
     "plan": ("plan", "Rank instances x count x spot for a job by predicted hours and dollars, from a bench."),
+    "export": ("export", "Write a run's trained model as a Hugging Face folder (save_pretrained, safetensors)."),
 }
 
 

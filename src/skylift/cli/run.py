@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 
 from skylift.cli.options import add_config_arguments, add_topology_arguments, topology_from
@@ -35,6 +37,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_plan(plan, as_json=args.json)
         return 0
+    _skip_collections_at_exit()
     from skylift.doctor.gate import check_before_start
 
     facts = check_before_start(config, command="run", nproc=topology.nproc, nnodes=topology.nnodes,
@@ -60,3 +63,17 @@ def _print_plan(plan: dict, *, as_json: bool) -> None:
     print("skylift run --dry-run: the config is valid; nothing was started")
     for key, value in plan.items():
         print(f"  {key:<26} {value}")
+
+
+def _skip_collections_at_exit() -> None:
+    """Freeze the heap at exit instead of letting the interpreter collect it.
+
+    A process that trained holds millions of objects from torch, dynamo and sympy; the
+    interpreter's final garbage collections walk all of them, about 1 s of CPU per ``skylift
+    run`` (measured on 2 cores: 1.1 s; 0.2-0.35 s frozen), for memory the process gives back by
+    exiting. Nothing here needs them: the run has closed its files and joined its threads
+    (``Trainer.fit`` ends in ``finally``), and what reference counting frees is still freed.
+    Registered once however often ``execute`` runs in one process (the tests call it in-process).
+    """
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)

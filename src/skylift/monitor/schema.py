@@ -17,6 +17,7 @@ preemption      when a stop was agreed: reason, notice window, what was saved
 diagnosis       at the end of an attempt: what bounds the run and what to change
 epoch           at each epoch's start with token-budget batching: padding share
 autotune        when ``data.num_workers: auto`` has measured its candidates
+flops           once per attempt, at the first step: FLOPs per sample, or why not counted
 run_end         once per attempt, after the last step
 ==============  =============================================================================
 
@@ -237,6 +238,16 @@ class AutotuneRecord(_Record):
     """Training samples/s measured with each candidate."""
 
 
+class FlopsRecord(_Record):
+    kind: Literal["flops"]
+    step: int = Field(ge=0)
+    """The step whose first micro-batch was counted."""
+    flops_per_sample: float | None = Field(default=None, gt=0)
+    """Forward + backward FLOPs per training sample; ``None`` when not counted (no MFU)."""
+    reason: str
+    """How it was counted, or why it could not be (the MFU columns then stay empty)."""
+
+
 class RunEndRecord(_Record):
     kind: Literal["run_end"]
     step: int = Field(ge=0)
@@ -269,6 +280,7 @@ MetricsRecord = (
     | DiagnosisRecord
     | EpochRecord
     | AutotuneRecord
+    | FlopsRecord
     | GuardRecord
     | RunEndRecord
 )

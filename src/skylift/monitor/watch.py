@@ -115,9 +115,17 @@ class RunMonitor(Callback):
         Per sample is exact for fixed-size inputs; for token-budget batches of varying
         length it takes the first batch's mix as typical.
         """
-        from skylift.monitor.flops import count_step_flops
+        from skylift.monitor.flops import explain_step_flops
 
-        self.record_flops(count_step_flops(module, batch, loss), batch_size)
+        flops, reason = explain_step_flops(module, batch, loss)
+        if flops is None:
+            log.warning("FLOPs not counted, so no MFU: %s", reason)
+        if self.context.is_main:
+            # In the run folder, not only the log: the report says why its MFU column is empty.
+            per_sample = flops / batch_size if flops and batch_size > 0 else None
+            self.metrics.write_event({"kind": "flops", "time": time.time(), "step": self._step,
+                                      "flops_per_sample": per_sample, "reason": reason})
+        self.record_flops(flops, batch_size)
 
     def record_flops(self, micro_flops: float | None, batch_size: int) -> None:
         """FLOPs of one micro-step (forward + backward) of ``batch_size`` samples, counted by the caller."""

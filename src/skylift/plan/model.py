@@ -8,7 +8,8 @@ The measured step is split into parts that scale with different resources::
          + memory-bound       optimizer x (memory bandwidth here / there)
          + input pipeline     (data_wait + host_to_device) x samples ratio [x vCPU ratio with workers]
          + communication      ring all-reduce of the model's bytes: NVLink/PCIe inside a node,
-                              the network between nodes
+                              the network between nodes (DDP); under FSDP the all-gathers and
+                              reduce-scatters, less what the compute hides (:mod:`skylift.plan.fsdp`)
          + other              as measured (Python overhead of the loop)
 
 Compute keeps the efficiency measured here (the measured fraction of peak) unless an
@@ -16,17 +17,19 @@ efficiency is given: a CPU's efficiency says little about a GPU's, and the plan 
 Every figure the model takes that is not measured is returned as an assumption.
 
 Whether the job fits a GPU is :func:`skylift.machine.memory.training_memory`, the model
-``skylift doctor`` judges with, at the precision and rank count of the target; where a
-micro-batch does not fit, accumulation splits it (the global batch kept).
+``skylift doctor`` judges with, at the precision and rank count of the target (under FSDP
+sharded over the target's ranks); where a micro-batch does not fit, accumulation splits it
+(the global batch kept).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from skylift.machine.gpus import gpu_spec, precision_class
-from skylift.machine.memory import MEMORY_HEADROOM, MemoryBreakdown, ModelMemory, training_memory
+from skylift.machine.memory import MEMORY_HEADROOM, MemoryBreakdown, ModelMemory, Sharding, training_memory
+from skylift.plan.fsdp import sharded_communication
 from skylift.plan.measurement import Measurement
 
 __all__ = ["StepPrediction", "Target", "predict_step"]
@@ -52,6 +55,8 @@ class Target:
     """All-reduce bus bandwidth between nodes."""
     device_memory_bytes: float | None = None
     """Memory of one GPU (``None``: not checked, e.g. this machine's CPU)."""
+    host_memory_bytes: float | None = None
+    """RAM of one node (``None``: not checked); FSDP's ``cpu_offload`` keeps the sharded state there."""
     efficiency: float | None = None
     """Fraction of peak the compute reaches; ``None``: the efficiency measured here."""
     threads_per_rank: int | None = None
@@ -74,13 +79,19 @@ class StepPrediction:
     memory_needed_bytes: float | None = None
     memory: MemoryBreakdown | None = None
     """One rank's peak at the chosen micro-batch (``None``: not checked)."""
+    sharding: Sharding | None = None
+    """FSDP over the target's ranks (``None``: DDP)."""
+    communication_bytes: float | None = None
+    """Bytes the step's collectives carry, each all-gather and reduce-scatter counted at
+    its full tensor's size and an all-reduce twice (``None``: one rank, or the model size
+    unknown)."""
     dropped: str | None = None
     """Why the target cannot run the job (does not fit, batch does not divide); else None."""
     assumptions: list[str] = field(default_factory=list)
 
 
 def predict_step(measurement: Measurement, target: Target, global_batch_size: int | None = None,
-                 memory: ModelMemory | None = None) -> StepPrediction:
+                 memory: ModelMemory | None = None, sharding: Sharding | None = None) -> StepPrediction:
     """Predict one optimizer step of the measured job on ``target``.
 
     Args:
@@ -89,6 +100,8 @@ def predict_step(measurement: Measurement, target: Target, global_batch_size: in
             all-reduce, loop overhead) does not.
         memory: the job's model as the meta trace sees it (``None``: the fit is not checked,
             which the assumptions say).
+        sharding: the job's FSDP settings (``None``: DDP); the state is sharded over the
+            target's ranks, whatever ``shard_count`` says.
     """
     m = measurement
     batch = global_batch_size or m.global_batch_size
@@ -96,24 +109,32 @@ def predict_step(measurement: Measurement, target: Target, global_batch_size: in
         return StepPrediction(step_time_s=None, samples_per_s=None,
                               dropped=f"global batch {batch} does not divide by {target.world_size} ranks")  # fmt: skip
     assumptions: list[str] = []
+    sharding = replace(sharding, shard_count=target.world_size) if sharding else None
     samples_ratio = (batch / target.world_size) / (m.global_batch_size / m.world_size)
-    fit = _fit(m, target, batch, memory, assumptions)
+    fit = _fit(m, target, batch, memory, sharding, assumptions)
     accumulation, micro = (fit[0], fit[1]) if not isinstance(fit, str) else (1, batch // target.world_size)
+    compute = _compute_s(m, target, samples_ratio, batch, assumptions, micro_steps=(accumulation, micro))
+    if sharding:
+        communication, moved = _sharded_communication_s(m, target, memory, sharding, compute, accumulation,
+                                                        assumptions)  # fmt: skip
+    else:
+        communication, moved = _communication_s(m, target, assumptions)
     parts = {
-        "compute": _compute_s(m, target, samples_ratio, batch, assumptions, micro_steps=(accumulation, micro)),
-        "memory_bound": _memory_bound_s(m, target, assumptions),
+        "compute": compute,
+        "memory_bound": _memory_bound_s(m, target, assumptions) * _optimizer_share(m, sharding, assumptions),
         "input": _input_s(m, target, samples_ratio, assumptions),
-        "communication": _communication_s(m, target, assumptions),
+        "communication": communication,
         "other": m.breakdown_s.get("other", 0.0) + m.breakdown_s.get("checkpoint", 0.0),
     }
     if isinstance(fit, str):
-        return StepPrediction(step_time_s=None, samples_per_s=None, parts_s=parts, dropped=fit, assumptions=assumptions)
+        return StepPrediction(step_time_s=None, samples_per_s=None, parts_s=parts, dropped=fit, assumptions=assumptions,
+                              sharding=sharding)  # fmt: skip
     breakdown = fit[2]
     step_s = sum(parts.values())
     return StepPrediction(step_time_s=step_s, samples_per_s=batch / step_s, parts_s=parts,
                           accumulation_steps=accumulation, micro_batch_size=micro,
                           memory_needed_bytes=breakdown.total_bytes if breakdown else None, memory=breakdown,
-                          assumptions=assumptions)  # fmt: skip
+                          sharding=sharding, communication_bytes=moved, assumptions=assumptions)  # fmt: skip
 
 
 def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int, assumptions: list[str], *,
@@ -125,7 +146,7 @@ def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int,
     if target.efficiency is None or not (m.flops_per_sample and m.peak_flops_per_s):
         if m.device != target.device:
             assumptions.append(f"{target.name}: compute keeps the efficiency measured on this {m.device} "
-                               f"({_efficiency_here(m):.1%} of peak); a {target.device} reaches a different "
+                               f"({_share_of_peak_text(m)}); a {target.device} reaches a different "
                                "share: bench on one, or pass --efficiency")  # fmt: skip
         peak_here = m.peak_flops_per_s or target.peak_flops_per_s
         compute_scale = peak_here / target.peak_flops_per_s
@@ -166,7 +187,7 @@ def _compute_from_curve(m: Measurement, target: Target, measured_s: float, curve
         # On a CPU the curve's fixed part is mostly small-batch inefficiency of the
         # kernels, not host dispatch: it is compute on a GPU too, scaled like the rest.
         assumptions.append(f"{target.name}: forward/backward keeps the efficiency measured on this {m.device} "
-                           f"({_efficiency_here(m):.1%} of peak); a {target.device} reaches a different share: bench "
+                           f"({_share_of_peak_text(m)}); a {target.device} reaches a different share: bench "
                            "on one, or pass --efficiency")  # fmt: skip
         return (fixed_there + per_sample_there) * rescale
     assumptions.append(f"{target.name}: the fixed part of forward/backward per micro-step "
@@ -195,6 +216,16 @@ def _memory_op_share(m: Measurement) -> float | None:
         return None
     memory_s = m.memory_op_bytes_per_sample / bandwidth
     return memory_s / (memory_s + m.flops_per_sample / m.peak_flops_per_s)
+
+
+def _share_of_peak_text(m: Measurement) -> str:
+    """``48.5% of peak``, or why the share is unknown (never ``nan%``)."""
+    share = _efficiency_here(m)
+    if share != share:  # NaN: no FLOP count, peak or measured compute time
+        missing = "FLOPs per sample" if not m.flops_per_sample else "peak FLOP/s" if not m.peak_flops_per_s \
+            else "forward/backward time"
+        return f"share of peak unknown: the bench has no {missing}"
+    return f"{share:.1%} of peak"
 
 
 def _efficiency_here(m: Measurement) -> float:
@@ -233,12 +264,14 @@ def _input_s(m: Measurement, target: Target, samples_ratio: float, assumptions: 
     return measured_s * samples_ratio * workers_here / max(workers_there, 1.0)
 
 
-def _communication_s(m: Measurement, target: Target, assumptions: list[str]) -> float:
+def _communication_s(m: Measurement, target: Target, assumptions: list[str]) -> tuple[float, float | None]:
+    """DDP's all-reduce of the gradients: seconds, and bytes (the gradients twice: an
+    all-reduce is a reduce-scatter and an all-gather, the unit FSDP's are counted in)."""
     if target.world_size == 1:
-        return 0.0
+        return 0.0, None
     if not m.model_bytes:
         assumptions.append(f"{target.name}: gradient communication not predicted (model size unknown)")
-        return 0.0
+        return 0.0, None
     seconds = 0.0
     for ranks, bus_bytes_per_s in ((target.ranks_per_node, target.intra_node_bus_bytes_per_s),
                                    (target.nodes, target.inter_node_bus_bytes_per_s)):  # fmt: skip
@@ -246,37 +279,101 @@ def _communication_s(m: Measurement, target: Target, assumptions: list[str]) -> 
             seconds += 2 * (ranks - 1) / ranks * m.model_bytes / bus_bytes_per_s  # ring all-reduce
     assumptions.append(f"{target.name}: the all-reduce of {m.model_bytes / 2**20:.1f} MiB of gradients is "
                        "not overlapped with backward (upper bound)")  # fmt: skip
-    return seconds
+    return seconds, 2.0 * m.model_bytes
 
 
-def _fit(m: Measurement, target: Target, batch: int, memory: ModelMemory | None,
+def _sharded_communication_s(m: Measurement, target: Target, memory: ModelMemory | None, sharding: Sharding,
+                             compute_s: float, accumulation: int, assumptions: list[str]) -> tuple[float, float | None]:
+    """FSDP's all-gathers and reduce-scatters, less what the compute hides (:mod:`skylift.plan.fsdp`)."""
+    if sharding.cpu_offload:
+        assumptions.append(f"{target.name}: cpu_offload's host-device copies and the optimizer step on the CPU are "
+                           "not predicted (the step is a lower bound)")  # fmt: skip
+    if target.world_size == 1:
+        return 0.0, None
+    parameters = memory.parameters if memory is not None and memory.parameters else (m.model_bytes or 0) // 4
+    if not parameters:
+        assumptions.append(f"{target.name}: FSDP communication not predicted (model size unknown)")
+        return 0.0, None
+    half = precision_class(target_precision(m) if target.device == "cuda" else m.precision) == "half"
+    links = ((target.ranks_per_node, target.intra_node_bus_bytes_per_s),
+             (target.nodes, target.inter_node_bus_bytes_per_s))
+    result = sharded_communication(parameters=parameters, memory=memory, sharding=sharding, links=links,
+                                   overlaps=target.device == "cuda", compute_s=compute_s,
+                                   accumulation_steps=accumulation, half_precision=half)  # fmt: skip
+    blocks = memory.block_count if memory is not None and memory.root_parameters is not None else 0
+    overlap = ("overlapped as FSDP2 overlaps it (each block's all-gather under the previous block's compute, "
+               f"{blocks} blocks)" if target.device == "cuda" and blocks > 1 else
+               "not overlapped (" + ("no blocks counted" if blocks <= 1 else "a CPU's collectives share its cores")
+               + ")")  # fmt: skip
+    moved = (f"{result.bytes_per_step / 2**30:.1f} GiB" if result.bytes_per_step >= 2**30 else
+             f"{result.bytes_per_step / 2**20:.1f} MiB")  # fmt: skip
+    assumptions.append(f"{target.name}: FSDP moves {moved} a step (all-gathers "
+                       f"{'in forward and backward' if sharding.reshard_after_forward else 'in forward'}, a "
+                       f"reduce-scatter of the gradients), {overlap}")  # fmt: skip
+    return result.exposed_s, result.bytes_per_step
+
+
+def _optimizer_share(m: Measurement, sharding: Sharding | None, assumptions: list[str]) -> float:
+    """Under FSDP each rank steps its shard: the measured optimizer time (taken under the
+    same strategy, at the measured world size) scales with the parameters a rank holds."""
+    if sharding is None:
+        return 1.0
+    assumptions.append("FSDP: each rank's optimizer steps 1/world size of the parameters (the bench ran the same "
+                       "strategy, sharded over its own ranks)")  # fmt: skip
+    return m.world_size / sharding.shard_count
+
+
+def _fit(m: Measurement, target: Target, batch: int, memory: ModelMemory | None, sharding: Sharding | None,
          assumptions: list[str]) -> tuple[int, int, MemoryBreakdown | None] | str:
     """(accumulation, micro-batch, one rank's memory), or why the job does not fit one GPU."""
     micro = batch // target.world_size
     if target.device_memory_bytes is None:
         return 1, micro, None
-    if memory is None or memory.saved_float_elements_per_sample is None:
+    if memory is None or not memory.parameters:
         reason = memory.note if memory is not None and memory.note else "the model was not traced"
         assumptions.append(f"{target.name}: memory fit not checked ({reason})")
         return 1, micro, None
     half = precision_class(target_precision(m) if target.device == "cuda" else m.precision) == "half"
 
-    def at(size: int) -> MemoryBreakdown:
-        return training_memory(memory, size, half_precision=half, world_size=target.world_size)
+    def at(size: int, accumulation: int = 1) -> MemoryBreakdown:
+        return training_memory(memory, size, half_precision=half, world_size=target.world_size, sharding=sharding,
+                               accumulating=accumulation > 1)  # fmt: skip
 
     capacity = target.device_memory_bytes
     usable_gib = MEMORY_HEADROOM * capacity / 2**30
+    sharded = f", {sharding.describe()}" if sharding else ""
     if not at(0).fits(capacity):
-        return f"does not fit: model state {at(0).total_bytes / 2**30:.1f} GiB > {usable_gib:.1f} GiB usable"
+        return f"does not fit: model state {at(0).total_bytes / 2**30:.1f} GiB > {usable_gib:.1f} GiB usable{sharded}"
+    host = _host_overflow(at(0), target)
+    if host:
+        return host
+    if memory.saved_float_elements_per_sample is None:
+        # The state is known, the activations are not: a lower bound of the need still drops.
+        reason = memory.note or "the activations were not traced"
+        assumptions.append(f"{target.name}: memory fit checked for the model state only ({reason})")
+        return 1, micro, at(0)
+    if sharding and not at(micro).fits(capacity) and not at(1, 2).fits(capacity):
+        held = (at(0, 2).unsharded_bytes - at(0).unsharded_bytes) / 2**30
+        return (f"does not fit: the whole micro-batch does not, and accumulating holds every unsharded gradient "
+                f"({held:.1f} GiB) between micro-steps{sharded}")  # fmt: skip
     accumulation = 1
-    while micro % accumulation or not at(micro // accumulation).fits(capacity):
+    while micro % accumulation or not at(micro // accumulation, accumulation).fits(capacity):
         accumulation += 1
         if accumulation > micro:
-            return f"does not fit: one sample's activations exceed the {usable_gib:.1f} GiB usable"
+            return f"does not fit: one sample's activations exceed the {usable_gib:.1f} GiB usable{sharded}"
     if accumulation > 1:
         assumptions.append(f"{target.name}: accumulation {accumulation} so a micro-batch of "
                            f"{micro // accumulation} fits (global batch kept)")  # fmt: skip
-    return accumulation, micro // accumulation, at(micro // accumulation)
+    return accumulation, micro // accumulation, at(micro // accumulation, accumulation)
+
+
+def _host_overflow(breakdown: MemoryBreakdown, target: Target) -> str | None:
+    """Why the node's RAM cannot hold what ``cpu_offload`` puts there, if it cannot."""
+    needed = breakdown.host_bytes * target.ranks_per_node
+    if not needed or target.host_memory_bytes is None or needed <= MEMORY_HEADROOM * target.host_memory_bytes:
+        return None
+    return (f"does not fit: {target.ranks_per_node} ranks' offloaded state {needed / 2**30:.1f} GiB > "
+            f"{MEMORY_HEADROOM * target.host_memory_bytes / 2**30:.1f} GiB of the node's RAM usable")
 
 
 def target_precision(m: Measurement) -> str:

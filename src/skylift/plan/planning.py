@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from skylift.errors import SkyliftConfigError
 from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
-from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory
+from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory, Sharding
 from skylift.plan.model import predict_step, target_precision
 from skylift.plan.ranking import (
     Candidate,
@@ -62,6 +62,7 @@ def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: C
         restart_s=restart_minutes * 60.0, checkpoint_every_minutes=config.checkpoint.every_minutes,
         checkpoint_async=config.checkpoint.async_save, global_batch_size=config.data.global_batch_size,
         samples_per_epoch=args.samples_per_epoch, memory=_model_memory(config, measurement),
+        sharding=Sharding.of(config.distributed, 1),  # each candidate: over its own ranks
     )  # fmt: skip
     if args.samples_per_epoch is not None and args.samples_per_epoch < 1:
         raise SkyliftConfigError("--samples-per-epoch must be at least 1", "e.g. --samples-per-epoch 1281167")
@@ -114,7 +115,7 @@ def _local_candidate(measurement: Measurement, nproc: int, threads: int | None, 
     if nproc < 1:
         raise SkyliftConfigError("--nproc must be at least 1", "e.g. skylift plan CONFIG --machine local --nproc 2")
     target = local_target(measurement, nproc, threads)
-    prediction = predict_step(measurement, target, request.global_batch_size, request.memory)
+    prediction = predict_step(measurement, target, request.global_batch_size, request.memory, request.sharding)
     candidate = Candidate(instance="local", provider="local", count=nproc, spot=False, prediction=prediction,
                           price_status="local")  # fmt: skip
     if prediction.dropped:
@@ -135,7 +136,7 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
            else f"{m.steps_per_epoch * m.global_batch_size:,} samples per epoch, as in the measured run"),
         (f"GPU targets train in {target_precision(m)} (config precision: {m.configured_precision}); peaks and "
         "memory bandwidth from the GPU table shared with the monitor's MFU (dense, data sheets)"),
-        _memory_assumption(request.memory),
+        _memory_assumption(request.memory, request.sharding),
         "spot: interruptions per instance-hour "
         + ", ".join(f"{provider} {rate:g}" for provider, rate in interruption_rates(request).items())
         + (" (yours: plan.interruptions_per_hour or --interruptions-per-hour)" if request.interruptions_per_hour
@@ -162,17 +163,32 @@ def _model_memory(config, measurement: Measurement) -> ModelMemory | None:  # no
     from skylift.doctor.memory import trace_model_memory
 
     try:
-        return trace_model_memory(config, measurement.micro_batch_size)
+        return trace_model_memory(config, measurement.micro_batch_size,
+                                  sharded=config.distributed.strategy == "fsdp")  # fmt: skip
     except Exception as error:  # noqa: BLE001 - the plan goes on; its assumptions say the fit is unchecked
         return ModelMemory(parameters=0, trainable_parameters=0, optimizer_state_copies=0,
                            note=f"model not traced: {type(error).__name__}: {error}")
 
 
-def _memory_assumption(memory: ModelMemory | None) -> str:
-    if memory is None or memory.saved_float_elements_per_sample is None:
-        return "memory fit: not checked (the model's activations were not traced)"
+def _memory_assumption(memory: ModelMemory | None, sharding: Sharding | None) -> str:
+    if memory is None or not memory.parameters:
+        return "memory fit: not checked (the model was not traced)"
+    if memory.saved_float_elements_per_sample is None:
+        how = ("sharded over each candidate's ranks (FSDP2) with what a rank gathers" if sharding else
+               "with DDP buckets and half weight copies")  # fmt: skip
+        return (f"memory fit: the model state only ({memory.note or 'activations not traced'}), {how}, within "
+                f"{MEMORY_HEADROOM:.0%} of GPU memory")
     state = (f"fp32 weights and gradients, {memory.optimizer_state_copies} optimizer state cop"
              f"{'y' if memory.optimizer_state_copies == 1 else 'ies'}" + (", an EMA copy" if memory.ema else ""))
+    if sharding is not None:
+        blocks = (f"the root group ({memory.root_parameters:,} parameters) and twice the largest of "
+                  f"{memory.block_count} blocks ({memory.largest_block_parameters:,})" if memory.root_parameters
+                  is not None else "every parameter (no blocks found: one group)")  # fmt: skip
+        offload = "; cpu_offload: the shards in host memory" if sharding.cpu_offload else ""
+        return (f"memory fit: {state}, sharded over each candidate's ranks (FSDP2), plus what a rank gathers: "
+                f"{blocks} in the compute dtype and one block's gradient for the reduce-scatter{offload}; the "
+                f"tensors saved for backward (meta trace), within {MEMORY_HEADROOM:.0%} of GPU memory; the same "
+                "model as skylift doctor's")  # fmt: skip
     return (f"memory fit: {state}, DDP buckets with several GPUs, half weight copies under bf16/fp16, and the "
             f"tensors saved for backward (meta trace), within {MEMORY_HEADROOM:.0%} of GPU memory; the same "
             "model as skylift doctor's")

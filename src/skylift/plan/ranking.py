@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from skylift.catalog import InstanceRow
-from skylift.machine.memory import ModelMemory
+from skylift.machine.memory import ModelMemory, Sharding
 from skylift.machine.gpus import gpu_spec
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import StepPrediction, Target, predict_step, target_precision
@@ -56,6 +56,9 @@ class PlanRequest:
     """Training samples per epoch of the real job (default: the measured run's dataset)."""
     memory: ModelMemory | None = None
     """The job's model as the meta trace sees it, for the memory fit (``None``: not checked)."""
+    sharding: Sharding | None = None
+    """The job's FSDP settings (``distributed.strategy: fsdp``); each candidate shards over
+    its own ranks. ``None``: DDP."""
 
 
 @dataclass(kw_only=True)
@@ -88,7 +91,9 @@ class Candidate:
             "price_status": self.price_status, "expected_interruptions": self.expected_interruptions,
             "spot_savings_usd": self.spot_savings_usd, "accumulation_steps": p.accumulation_steps,
             "micro_batch_size": p.micro_batch_size, "step_parts_s": p.parts_s, "dropped": self.dropped,
-            "memory_bytes": None if p.memory is None else {**asdict(p.memory), "total_bytes": p.memory.total_bytes},
+            "memory_bytes": None if p.memory is None else {**asdict(p.memory), "total_bytes": p.memory.total_bytes,
+                                                           "host_bytes": p.memory.host_bytes},
+            "sharding": p.sharding.describe() if p.sharding else None, "communication_bytes": p.communication_bytes,
         }  # fmt: skip
 
 
@@ -109,6 +114,7 @@ def row_target(row: InstanceRow, measurement: Measurement, nodes: int, efficienc
         intra_node_bus_bytes_per_s=row.intra_node_gb_s * 1e9 / 2 if row.gpu_count > 1 else None,
         inter_node_bus_bytes_per_s=row.network_gbps * 1e9 / 8,
         device_memory_bytes=row.gpu_memory_gib * 2**30,
+        host_memory_bytes=row.ram_gib * 2**30,
         efficiency=efficiency,
     )
 
@@ -140,7 +146,8 @@ def plan_candidates(measurement: Measurement, rows: list[InstanceRow], request: 
     for row in rows:
         for nodes in request.node_counts:
             target = row_target(row, measurement, nodes, request.efficiency)
-            prediction = (predict_step(measurement, target, request.global_batch_size, request.memory) if target else
+            prediction = (predict_step(measurement, target, request.global_batch_size, request.memory,
+                                       request.sharding) if target else
                           StepPrediction(step_time_s=None, samples_per_s=None,
                                          dropped=f"GPU {row.gpu_model} has no peak in the GPU table"))  # fmt: skip
             # A row without any price gets one line: spot and on-demand would say the same.

@@ -33,6 +33,8 @@ def _cells(index: int | str, candidate, note: str | None = None) -> tuple[str, .
     flags = []
     if candidate.price_status == "price_unverified":
         flags.append("price_unverified")
+    if p.sharding is not None:
+        flags.append(f"sharded over {p.sharding.shard_count} ranks")
     if p.accumulation_steps > 1:
         flags.append(f"accumulation {p.accumulation_steps}")
     if candidate.spot and candidate.spot_savings_usd is not None:

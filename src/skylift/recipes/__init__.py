@@ -25,6 +25,7 @@ def __getattr__(name: str):
 RECIPES: dict[str, str] = {
     "image_classification": "skylift.recipes.image_classification:ImageClassification",
     "text_classification": "skylift.recipes.text_classification:TextClassification",
+    "causal_lm": "skylift.recipes.causal_lm:CausalLM",
 }
 
 

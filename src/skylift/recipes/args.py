@@ -13,7 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from skylift.config.describe import describe_errors
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["BUILTIN_RECIPE_ARGS", "ImageClassificationArgs", "check_builtin_recipe_args", "validate_recipe_args"]
+__all__ = [
+    "BUILTIN_RECIPE_ARGS",
+    "TINY_LLAMA",
+    "CausalLMArgs",
+    "ImageClassificationArgs",
+    "check_builtin_recipe_args",
+    "check_causal_lm_config",
+    "validate_recipe_args",
+]
+
+TINY_LLAMA = "builtin:tiny-llama"
+"""``recipe.args.model_path`` of the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`)."""
 
 
 class ImageClassificationArgs(BaseModel):
@@ -45,9 +56,40 @@ class ImageClassificationArgs(BaseModel):
         return self
 
 
+class CausalLMArgs(BaseModel):
+    """``recipe.args`` of ``causal_lm``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = Field(min_length=1)
+    """The model and tokenizer: a local Hugging Face folder that ``save_pretrained`` wrote
+    (``config.json``, safetensors weights, tokenizer files) for ``AutoModelForCausalLM``
+    and ``AutoTokenizer``, read offline and never downloaded; or ``builtin:tiny-llama``,
+    a 2-layer Llama of 0.15 M parameters initialised from the run's seed, with a
+    byte-level BPE tokenizer trained on skylift's generated corpus (the CPU preset's
+    model: it trains from scratch, in seconds)."""
+    train_path: str = Field(min_length=1)
+    """The training documents: a JSONL file whose rows hold ``text`` (every token
+    learned) or ``prompt`` and ``completion`` (only the completion's tokens learned)."""
+    val_path: str | None = None
+    """Validation documents in the same form; ``null`` holds out ``data.val_fraction`` of
+    the training documents (a seeded draw)."""
+    sequence_length: int = Field(default=2048, ge=8, le=1_048_576)
+    """Tokens per training sequence: the length of each packed block, or, unpacked, the
+    longest document kept (longer ones are cut there; the run logs how many)."""
+    packing: bool = True
+    """Concatenate the documents and cut them into blocks of ``sequence_length`` (no
+    padding; attention crosses document boundaries inside a block). ``false``: one
+    document per sequence, padded per batch; needed with ``data.batching: token_budget``."""
+    mask_prompt: bool = True
+    """Leave a ``prompt``'s tokens out of the loss (labels -100), so only the completion is
+    learned; ``false`` learns the prompt too."""
+
+
 BUILTIN_RECIPE_ARGS: dict[str, tuple[str, type[BaseModel] | None]] = {
     "image_classification": ("ImageClassification", ImageClassificationArgs),
     "text_classification": ("TextClassification", None),
+    "causal_lm": ("CausalLM", CausalLMArgs),
 }
 """Built-in recipe name -> (its class's name, its ``Args`` model); the classes' own
 ``Args`` attributes are these models (a test holds them equal)."""
@@ -76,4 +118,22 @@ def check_builtin_recipe_args(config: Any) -> None:
     :func:`skylift.recipes.check_recipe_args`, which imports it)."""
     if config.recipe.name in BUILTIN_RECIPE_ARGS:
         class_name, args_model = BUILTIN_RECIPE_ARGS[config.recipe.name]
-        validate_recipe_args(class_name, args_model, config.recipe.args)
+        args = validate_recipe_args(class_name, args_model, config.recipe.args)
+        if config.recipe.name == "causal_lm":
+            check_causal_lm_config(config, args)
+
+
+def check_causal_lm_config(config: Any, args: CausalLMArgs) -> None:
+    """What ``causal_lm`` needs of the rest of the config (raises SkyliftConfigError)."""
+    data = config.data
+    if data.url or data.val_url:
+        raise SkyliftConfigError("data.url: causal_lm reads JSONL files (recipe.args.train_path, val_path), not "
+                                 "streamed shards", hint="Remove data.url and data.val_url")  # fmt: skip
+    if data.batching == "token_budget" and args.packing:
+        raise SkyliftConfigError(
+            "recipe.args.packing: packed blocks all hold recipe.args.sequence_length tokens, so data.batching: "
+            "token_budget has nothing to sort", hint="Set recipe.args.packing: false, or data.batching: fixed")
+    if data.batching == "token_budget" and args.sequence_length > data.max_tokens:
+        raise SkyliftConfigError(
+            f"recipe.args.sequence_length ({args.sequence_length}) exceeds data.max_tokens ({data.max_tokens}): "
+            "the longest document would not fit a micro-batch", hint="Raise data.max_tokens or lower sequence_length")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -71,8 +72,20 @@ class Recipe:
         raise NotImplementedError
 
     def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Mean loss over the micro-batch."""
+        """Mean loss over the micro-batch: over its samples, or over the
+        :meth:`loss_count` terms when the recipe counts them."""
         raise NotImplementedError
+
+    def loss_count(self, batch: Any) -> torch.Tensor | None:
+        """How many terms ``training_loss`` averages over in ``batch``, where that is not
+        its number of samples (a language model's labelled tokens: prompt masks and
+        padding make it differ between micro-batches); ``None``: the samples.
+
+        With a count, the Trainer fetches a step's micro-batches first, sums their
+        counts over the ranks (one all-reduce) and weighs each micro-batch's mean, so
+        that the step's loss is the sum over every counted term of the step divided
+        by their number, however they fell into micro-batches and ranks."""
+        return None
 
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -98,6 +111,21 @@ class Recipe:
     def eval_decoder(self, fields: list[str]) -> Any:
         """The decoder of evaluation samples (no augmentation); default: :meth:`decoder`."""
         return self.decoder(fields)
+
+    def weights_source(self) -> Path | None:
+        """A folder of ``*.safetensors`` files whose tensors, by parameter name, hold the
+        model's starting weights (a Hugging Face folder), so a sharded run can build the
+        model on the meta device and load each rank's shards from there; ``None``:
+        :meth:`build_model` initialises the weights itself."""
+        return None
+
+    def export_pretrained(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *,
+                          dtype: torch.dtype = torch.float32) -> list[Path]:
+        """Write the trained weights ``state_dict`` (parameter name -> full tensor) as a
+        folder its users load without skylift (Hugging Face ``save_pretrained``: config,
+        safetensors weights, tokenizer), in ``dtype``; return the files written.
+        ``skylift export`` calls it."""
+        raise NotImplementedError(f"{type(self).__name__} does not export a Hugging Face folder")
 
     def batch_size(self, batch: Any) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))

@@ -11,6 +11,16 @@ plus the state the first optimizer step still adds (optimizer moments, the EMA c
 DDP's gradient buckets), stays within the limit and nothing ran out of memory. Memory
 grows with the micro-batch, so a bisection over the divisors finds the largest that fits.
 
+Under ``distributed.strategy: fsdp`` the trials run the same unsharded model, before it
+is sharded (so they need no collectives and an out-of-memory trial stops no peer), and
+each trial's peak is carried over to a sharded rank by the memory model doctor and plan
+share (:mod:`skylift.machine.memory`): the whole fp32 weights the trial held come off,
+the rank's shards of the weights and gradients and what it gathers for its blocks
+(twice the largest, the root group, a reduce-scatter input, the unsharded gradients an
+accumulating step keeps) come on. The trial's own full gradients stay counted, so the
+answer errs small. The whole model must fit one device for the trials; a model that
+fits only sharded needs a number.
+
 Every rank measures its own device and the ranks take the smallest answer, so all of
 them step with the same micro-batch. The trials leave no trace: buffers (BatchNorm's
 running statistics), gradients and the random generators are restored, so a run with
@@ -96,11 +106,13 @@ def choose_micro_batch(
     memory = _memory_meter(runtime.device, runtime.dist.local_world_size)
     limit = int(config.data.micro_batch_memory_gib * _GIB) if config.data.micro_batch_memory_gib else memory.limit()
     pending = pending_state_bytes(model, config, world_size)
+    sharded = _ShardedRank(model, config, runtime) if config.distributed.strategy == "fsdp" else None
     trials: list[Trial] = []
 
     def fits(size: int) -> bool:
         peak = _measure(model, slice_batch(batch, size, batch_size), loss, runtime, memory)
-        needed = None if peak is None else peak + pending
+        carried = 0 if sharded is None else sharded.carried_bytes(accumulating=size < per_rank)
+        needed = None if peak is None else peak + carried + pending
         trials.append(Trial(size, peak, needed, needed is not None and needed <= limit))
         return trials[-1].fits
 
@@ -115,8 +127,12 @@ def choose_micro_batch(
         where = (f"needs {_gib(min(trials, key=lambda t: t.micro_batch_size).needed_bytes)} of the {_gib(limit)} "
                  "this rank may use" if local is None else "does not fit on another rank")
         raise SkyliftConfigError(
-            f"data.micro_batch_size: auto: even 1 sample per micro-batch {where} (data.micro_batch_memory_gib)",
-            hint="Set activation_checkpointing.enabled: true, precision: bf16, a smaller model, or a larger device.",
+            f"data.micro_batch_size: auto: even 1 sample per micro-batch {where} (data.micro_batch_memory_gib)"
+            + ("; under distributed.strategy: fsdp the trials run the whole, unsharded model on one device"
+               if sharded is not None else ""),
+            hint="Set activation_checkpointing.enabled: true, precision: bf16, a smaller model, or a larger device"
+            + ("; or set data.micro_batch_size to a number (skylift doctor --config estimates the sharded rank)."
+               if sharded is not None else "."),
         )
     choice = MicroBatchChoice(chosen, per_rank // chosen, limit, pending, trials)
     if runtime.dist.is_main:
@@ -129,11 +145,52 @@ def pending_state_bytes(model: nn.Module, config: Any, world_size: int) -> int:
     """Bytes the first optimizer step adds after a forward/backward: the optimizer's
     moments (AdamW two per parameter, SGD one with momentum), the EMA copy of the weights
     and buffers, and DDP's flattened gradient buckets beside ``.grad``, as the memory
-    model doctor and plan share counts them (:mod:`skylift.machine.memory`)."""
-    from skylift.machine.memory import ModelMemory, training_memory
+    model doctor and plan share counts them (:mod:`skylift.machine.memory`). Under FSDP
+    the moments and the EMA are the rank's shards (on the host with ``cpu_offload``,
+    where a GPU's trials do not count them)."""
+    from skylift.machine.memory import ModelMemory, Sharding, training_memory
 
-    state = training_memory(ModelMemory.of(model, config.optim), 0, half_precision=False, world_size=world_size)
+    sharding = Sharding.of(config.distributed, world_size)
+    state = training_memory(ModelMemory.of(model, config.optim), 0, half_precision=False, world_size=world_size,
+                            sharding=sharding)  # fmt: skip
+    if state.offloaded and next(model.parameters()).device.type != "cpu":
+        return 0
     return state.optimizer_state_bytes + state.ema_bytes + state.bucket_bytes
+
+
+class _ShardedRank:
+    """What a sharded rank holds instead of what an unsharded trial held (FSDP)."""
+
+    def __init__(self, model: nn.Module, config: Any, runtime: Any) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        from skylift.machine.memory import ModelMemory, Sharding
+        from skylift.train.sharding import select_blocks
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                raise SkyliftConfigError(
+                    "data.micro_batch_size: auto under distributed.strategy: fsdp measures the model before it is "
+                    f"sharded, and this one already is ({type(module).__name__})",
+                    hint="Set data.micro_batch_size to a number.")  # fmt: skip
+        self.model = ModelMemory.of(model, config.optim,
+                                    blocks=select_blocks(model, config.distributed.fsdp.block_types))  # fmt: skip
+        self.sharding = Sharding.of(config.distributed, runtime.dist.world_size)
+        if runtime.device.type == "cpu" and self.sharding.cpu_offload:
+            # Offloading on a CPU moves nothing: host memory is the device's.
+            self.sharding = dataclasses.replace(self.sharding, cpu_offload=False)
+        self.half = runtime.precision.autocast_dtype in (torch.bfloat16, torch.float16)
+        self.trial_weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def carried_bytes(self, *, accumulating: bool) -> int:
+        """Added to a trial's peak (negative: the whole weights come off, the rank's
+        shards and gathered blocks come on; the pending optimizer state is apart)."""
+        from skylift.machine.memory import training_memory
+
+        state = training_memory(self.model, 0, half_precision=self.half, world_size=self.sharding.shard_count,
+                                sharding=self.sharding, accumulating=accumulating)  # fmt: skip
+        resident = state.unsharded_bytes + (0 if state.offloaded else state.parameter_bytes + state.gradient_bytes)
+        return resident - self.trial_weight_bytes
 
 
 def slice_batch(batch: Any, size: int, batch_size: Callable[[Any], int]) -> Any:

@@ -44,7 +44,8 @@ class Placement:
             return model
         if self.checkpoint_types:
             apply_activation_checkpointing(model, self.checkpoint_types)
-        model = model.to(self.device)
+        if not any(parameter.is_meta for parameter in model.parameters()):
+            model = model.to(self.device)  # a model on meta gets its memory when sharded (train.sharding)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         model._skylift_placed = True

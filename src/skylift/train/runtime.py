@@ -19,12 +19,14 @@ The whole contract (``examples/own_loop.py`` is a complete script)::
             break
     runtime.close()                                    # final save; exit 143 after a preemption, else 0
 
-``autocast()`` also tells DDP whether this micro-step all-reduces gradients (only the
-last of each accumulation group does), ``backward`` scales the loss for accumulation
-and fp16, and ``optimizer_step`` unscales, clips, steps, updates the GradScaler,
-zeroes gradients and steps the LR scheduler. The Trainer runs its loop on the same
-calls, so both share one checkpoint, preemption and monitoring path
-(:mod:`skylift.train.services`).
+``autocast()`` also tells DDP (or FSDP: ``distributed.strategy: fsdp``) whether this
+micro-step reduces gradients (only the last of each accumulation group does), ``backward``
+scales the loss for accumulation and fp16, and ``optimizer_step`` unscales, clips, steps,
+updates the GradScaler, zeroes gradients and steps the LR scheduler. The Trainer runs its
+loop on the same calls, so both share one checkpoint, preemption and monitoring path
+(:mod:`skylift.train.services`). Under FSDP the model is sharded in place, the optimizer
+given to ``prepare`` is moved onto the sharded parameters, and evaluation goes through
+``runtime.evaluation_batches(loader)``, which pairs the ranks' forwards (collectives there).
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from skylift.config.distributed import FsdpConfig
 from skylift.loop.distributed import DistributedContext, exit_cleanly, init_distributed
 from skylift.loop.events import TrainState
 from skylift.train.gradient_step import GradientStep
 from skylift.train.placement import Placement
 from skylift.train.precision import PrecisionPolicy
 from skylift.train.prepared_loader import PreparedLoader, prepare_eval_loader, prepare_loader
+from skylift.train.sharding import Sharding, check_sharding_options, lockstep, sharding_for
 from skylift.train.step_meter import StepMeter
 
 __all__ = ["Runtime"]
@@ -55,7 +59,7 @@ log = logging.getLogger("skylift")
 
 
 class Runtime:
-    """Precision, accumulation, DDP and clipping for a hand-written loop.
+    """Precision, accumulation, DDP or FSDP, and clipping for a hand-written loop.
 
     Three parts that change for different reasons: :attr:`placement` (device and
     precision: the machine), :attr:`gradients` (accumulation, DDP, the optimizer step:
@@ -72,6 +76,8 @@ class Runtime:
         compile: wrap the model in ``torch.compile``.
         channels_last: convert conv nets to the channels-last memory format.
         activation_checkpointing: class names of submodules to recompute in backward.
+        strategy: ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2 shards it).
+        fsdp: the FSDP settings (``strategy: fsdp``; default: :class:`~skylift.config.FsdpConfig`'s).
         context: an already initialised :class:`DistributedContext` (else read from
             the torchrun environment).
     """
@@ -91,6 +97,8 @@ class Runtime:
         activation_checkpointing: list[str] | None = None,
         find_unused_parameters: bool = False,
         bucket_cap_mib: int = 25,
+        strategy: str = "ddp",
+        fsdp: FsdpConfig | None = None,
         context: DistributedContext | None = None,
     ) -> None:
         if accumulation_steps < 1:
@@ -102,8 +110,8 @@ class Runtime:
                                    compile_mode=compile_mode)  # fmt: skip
         self.gradients = GradientStep(accumulation_steps=accumulation_steps, grad_clip_norm=grad_clip_norm,
                                       scaler=self.placement.new_grad_scaler(),
-                                      find_unused_parameters=find_unused_parameters,
-                                      bucket_cap_mib=bucket_cap_mib)  # fmt: skip
+                                      find_unused_parameters=find_unused_parameters, bucket_cap_mib=bucket_cap_mib,
+                                      sharding=sharding_for(strategy, fsdp, self.placement))  # fmt: skip
         self._model: nn.Module | None = None
         self._loader: PreparedLoader | None = None
         self._extra: dict[str, Any] | None = None
@@ -151,6 +159,9 @@ class Runtime:
     @classmethod
     def _compute_from_config(cls, config: Any, context: DistributedContext | None) -> Runtime:
         checkpointing = config.activation_checkpointing
+        if config.distributed.strategy == "fsdp":  # every conflict at once, before the process group
+            check_sharding_options(precision=config.precision, channels_last=config.channels_last,
+                                   cpu_offload=config.distributed.fsdp.cpu_offload, ema_decay=config.optim.ema_decay)
         return cls(
             precision=config.precision,
             accumulation_steps=config.accumulation.steps,
@@ -164,8 +175,15 @@ class Runtime:
             activation_checkpointing=checkpointing.module_types if checkpointing.enabled else None,
             find_unused_parameters=config.distributed.find_unused_parameters,
             bucket_cap_mib=config.distributed.bucket_cap_mib,
+            strategy=config.distributed.strategy,
+            fsdp=config.distributed.fsdp,
             context=context,
         )
+
+    @property
+    def sharding(self) -> Sharding | None:
+        """FSDP's sharding of the model (``strategy: fsdp``), else ``None``."""
+        return self.gradients.sharding
 
     @property
     def precision(self) -> PrecisionPolicy:
@@ -210,16 +228,24 @@ class Runtime:
         evaluation loaders (sharded, every sample once). Returns the model followed by
         the other objects in the order given.
         """
-        prepared: list[Any] = [self.prepare_model(model)]
+        prepared = [self.prepare_model(model), *self.register(*objects)]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def register(self, *objects: Any) -> list[Any]:
+        """:meth:`prepare` without a model: the optimizer (moved onto the shards under
+        FSDP), data loaders and LR scheduler, returned in the order given."""
+        prepared = []
         for item in objects:
             if isinstance(item, torch.optim.Optimizer):
+                if self.sharding is not None:
+                    self.sharding.adopt_optimizer(item)
                 self.gradients.optimizer = item
             elif isinstance(item, DataLoader):
                 item = self.prepare_dataloader(item, train=self._loader is None)
             elif item is not None and hasattr(item, "step") and hasattr(item, "get_last_lr"):
                 self.gradients.scheduler = item
             prepared.append(item)
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        return prepared
 
     def set_accumulation_steps(self, steps: int) -> None:
         """Micro-steps per optimizer step, settled after construction (the micro-batch trials)."""
@@ -244,8 +270,12 @@ class Runtime:
                 "data.micro_batch_size: auto is chosen by skylift's Trainer (skylift run); a hand-written loop "
                 "sets a number: data.micro_batch_size: 16, or accumulation.steps")
         model = self.place_model(model)
+        wrapped = self.gradients.wrap(model, self.dist)
+        if self.sharding is not None:
+            self._model = wrapped  # sharded in place; its blocks compiled before sharding
+            return wrapped
         self._model = model
-        return self.placement.compiled(self.gradients.wrap(model, self.dist))
+        return self.placement.compiled(wrapped)
 
     def prepare_dataloader(self, loader: DataLoader, *, train: bool = True) -> Any:
         """A training loader: sharded, on the device, resumable. ``train=False``: an
@@ -263,6 +293,14 @@ class Runtime:
     def to_device(self, batch: Any) -> Any:
         """Move tensors (in tuples, lists and dicts) to the device, asynchronously when pinned."""
         return self.placement.to_device(batch)
+
+    def evaluation_batches(self, loader: Any) -> Iterator[tuple[Any, bool]]:
+        """``(batch, counted)`` for this rank's evaluation batches. Under FSDP, where every
+        forward is a collective, a rank out of batches repeats its last with ``counted``
+        False (leave its outputs out) until every rank is done; else always True."""
+        if self.sharding is None:
+            return ((batch, True) for batch in loader)
+        return lockstep(loader, self.gradients.collective_device, self.dist.rank)
 
     def fetch(self, batches: Iterator[Any]) -> Any:
         """The next training batch of ``batches``, on the device; the wait is timed as data
@@ -378,10 +416,11 @@ class Runtime:
         if not services.started:
             services.start(self.state)
         started_at = started_at if started_at is not None else self._run_started or time.perf_counter()
-        return services.finish(self.state, started_at, save_model or self._save_final_model)
+        return services.finish(self.state, started_at, save_model or self.final_model_writer(self._require_model()))
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module under any compile and DDP wrappers."""
+        """The user's module under any compile and DDP wrappers (under FSDP the module
+        itself: ``fully_shard`` shards it in place)."""
         model = getattr(model, "_orig_mod", model)
         return model.module if isinstance(model, DistributedDataParallel) else model
 
@@ -428,10 +467,21 @@ class Runtime:
     def _monitor(self) -> Any:
         return self.services.monitor if self.services is not None else None
 
-    def _save_final_model(self) -> None:
+    def final_model_writer(self, model: nn.Module) -> Any:
+        """What writes ``model``'s weights to ``RUN_DIR/model.safetensors`` on rank 0. Under
+        FSDP (and ``checkpoint.save_final_model``) every rank gathers them here: a collective."""
         from safetensors.torch import save_model
 
-        save_model(self._require_model(), str(self.services.run_dir.model_path))
+        path = str(self._require_services("finish").run_dir.model_path)
+        if self.sharding is None:
+            return lambda: save_model(self.unwrap(model), path)
+        wanted = self.services.config.checkpoint.save_final_model
+        return self.sharding.weights_writer(self.unwrap(model), path) if wanted else None
+
+    def release(self) -> None:
+        """End the one-rank process group a one-process FSDP run made (else nothing)."""
+        if self.sharding is not None:
+            self.sharding.release()
 
     def _require_services(self, call: str) -> Any:
         if self.services is None:

@@ -1,7 +1,7 @@
 """The Trainer: runs the loop drawn in :mod:`skylift.loop.events` from a RunConfig.
 
 It wires the parts (runtime, recipe, data, optimizer, callbacks) and leaves each
-concern to its owner: precision and DDP to :class:`~skylift.train.runtime.Runtime`,
+concern to its owner: precision, DDP and FSDP to :class:`~skylift.train.runtime.Runtime`,
 metrics and progress to callbacks, the task to the :class:`~skylift.recipes.base.Recipe`.
 """
 
@@ -109,6 +109,9 @@ class Trainer:
         self.services = services
         self.run_dir, self.events, self.metrics, self.monitor = (
             services.run_dir, services.events, services.metrics, services.monitor)
+        if self.runtime.sharding is not None:
+            self.runtime.sharding.keep_meta_copy = config.monitor.mfu
+            self.monitor = _FlopsOnMetaCopy(services.monitor, self.runtime.sharding)
         self.agreement, self.preemption, self.checkpointing, self.clock = (
             services.agreement, services.preemption, services.checkpointing, services.clock)
         self.report: Any = None
@@ -124,6 +127,7 @@ class Trainer:
             return self._fit()
         finally:
             self.services.close()
+            self.runtime.release()
 
     def _fit(self) -> RunSummary:
         parts = self._build()
@@ -138,7 +142,7 @@ class Trainer:
         started = time.perf_counter()
         self._run_epochs(parts, state)
         final = parts.ema.module if parts.ema is not None else parts.model
-        train_time_s, samples_per_s = self.runtime.finish(lambda: self._save_final_model(final), started_at=started)
+        train_time_s, samples_per_s = self.runtime.finish(self.runtime.final_model_writer(final), started_at=started)
         summary = self._summarize(parts, state, train_time_s, resumed_from, samples_per_s)
         if self.runtime.dist.is_main:
             from skylift.monitor.report import write_run_report
@@ -156,18 +160,37 @@ class Trainer:
         if isinstance(self.config.data.micro_batch_size, int):
             self.config = self.config.with_micro_batch(self.config.data.micro_batch_size, runtime.dist.world_size)
         loaders = build_loaders(self.config, self.recipe, runtime.dist, pin_memory=pin_memory)
-        # Training mode from the first step: from_pretrained (Hugging Face) hands models
-        # over in eval mode, which would leave dropout off until the first evaluation.
-        model = self.recipe.build_model(loaders.data).train()
+        model = self._build_model(loaders.data)
         if self.config.data.micro_batch_size == "auto":
             loaders = self._choose_micro_batch(model, loaders, pin_memory)
         config = self.config
-        optimizer = build_optimizer(model, config.optim, runtime.device)
+        if runtime.sharding is not None:
+            # The optimizer on the sharded parameters (a model built on meta has no others).
+            model = runtime.prepare(model)
+        optimizer = build_optimizer(runtime.unwrap(model), config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
-        model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
+        if runtime.sharding is not None:
+            runtime.register(optimizer, scheduler)
+        else:
+            model, optimizer, scheduler = runtime.prepare(model, optimizer, scheduler)
         ema = WeightAverage(runtime.unwrap(model), config.optim.ema_decay) if config.optim.ema_decay else None
         # Both loaders come sharded by rank; the loop fetches training batches through the runtime.
         return _Parts(loaders.data, model, optimizer, scheduler, loaders.order, loaders.train, loaders.val, ema)
+
+    def _build_model(self, data: DatasetSplit) -> nn.Module:
+        """The recipe's model in training mode (``from_pretrained`` hands it over in eval
+        mode, which would leave dropout off until the first evaluation). Under FSDP, with
+        the recipe's weights folder: the structure on the ``meta`` device, whose shards
+        each rank then loads from the folder (:class:`~skylift.train.sharding.Sharding`),
+        so no rank ever holds the whole model; built whole for ``micro_batch_size: auto``,
+        whose trials run it."""
+        sharding = self.runtime.sharding
+        source = self.recipe.weights_source() if sharding is not None else None
+        if source is None or self.config.data.micro_batch_size == "auto":
+            return self.recipe.build_model(data).train()
+        sharding.weights_source = source
+        with torch.device("meta"):
+            return self.recipe.build_model(data).train()
 
     def _choose_micro_batch(self, model: nn.Module, loaders: Any, pin_memory: bool) -> Any:
         """``data.micro_batch_size: auto``: trials on one per-rank batch of real samples,
@@ -242,21 +265,28 @@ class Trainer:
                 return
 
     def _train_step(self, parts: _Parts, state: TrainState, batches: Iterator[Any]) -> int:
-        """One optimizer step through the runtime; returns the samples it took (all ranks)."""
+        """One optimizer step through the runtime; returns the samples it took (all ranks).
+
+        Each micro-batch's mean loss is weighed by its share of the step's terms (samples,
+        or the recipe's ``loss_count``: labelled tokens), so the step follows the sum over
+        every term of the step divided by their number (:mod:`skylift.data.loss_counts`)."""
+        from skylift.data.loss_counts import step_micro_batches
+
         runtime, recipe = self.runtime, self.recipe
         self.events.fire(Event.STEP_START, state)
         loss_sum: torch.Tensor | None = None
         step_samples = samples_in_step(parts.sampler, state.step, state.global_batch_size)
         micro_batches = runtime.accumulation_steps * runtime.dist.world_size
-        for _ in range(runtime.accumulation_steps):
-            batch = runtime.fetch(batches)
+        for batch, count, step_count in step_micro_batches(
+                lambda: runtime.fetch(batches), recipe, accumulation_steps=runtime.accumulation_steps,
+                step_samples=step_samples, distributed=runtime.dist.is_distributed):
             if self.monitor.wants_flops:
                 self.monitor.count_flops(runtime.unwrap(parts.model), batch, recipe.training_loss,
                                          recipe.batch_size(batch))
             with runtime.autocast():
                 loss = recipe.training_loss(parts.model, batch)
-            weight = micro_batch_weight(recipe.batch_size(batch), step_samples, micro_batches)
-            if weight != 1.0:
+            weight = micro_batch_weight(count, step_count, micro_batches)
+            if isinstance(weight, torch.Tensor) or weight != 1.0:  # a tensor: no host sync to compare it
                 loss = loss * weight
             runtime.backward(loss)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -270,14 +300,17 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self, parts: _Parts) -> dict[str, float]:
         # The unwrapped module: DDP's forward may broadcast buffers (a collective), and
-        # ranks can hold different numbers of evaluation batches.
+        # ranks can hold different numbers of evaluation batches. Under FSDP the module
+        # is the sharded one, and evaluation_batches pairs the ranks' forwards.
         module = parts.ema.module if parts.ema is not None else self.runtime.unwrap(parts.model)
         module.eval()
         totals: dict[str, torch.Tensor] = {}
-        for batch in parts.val_loader:
+        for batch, counted in self.runtime.evaluation_batches(parts.val_loader):
             batch = self.runtime.to_device(batch)
             with self.runtime.precision.autocast(self.runtime.device.type):
                 sums = self.recipe.eval_sums(module, batch)
+            if not counted:
+                continue
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0) + value.detach().double()
         module.train()
@@ -286,11 +319,6 @@ class Trainer:
         if self.runtime.dist.is_distributed:
             dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
         return self.recipe.summarize(dict(zip(keys, stacked.tolist(), strict=True)))
-
-    def _save_final_model(self, model: nn.Module) -> None:
-        from safetensors.torch import save_model
-
-        save_model(self.runtime.unwrap(model), str(self.run_dir.model_path))
 
     def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None,
                    samples_per_s: float) -> RunSummary:
@@ -317,8 +345,12 @@ class Trainer:
         )
 
     def _check_replicas(self, model: nn.Module) -> tuple[bool | None, float | None]:
-        """Compare every rank's parameters with rank 0's (one broadcast at the end)."""
-        if not self.runtime.dist.is_distributed:
+        """Compare every rank's parameters with rank 0's (one broadcast at the end).
+
+        Under FSDP there are no replicas to compare: each rank holds a different slice of
+        every parameter, and the gathered weights every rank computes with are the same by
+        construction (one all-gather of the slices), so there is nothing to check."""
+        if not self.runtime.dist.is_distributed or self.runtime.sharding is not None:
             return None, None
         flat = torch.cat([p.detach().reshape(-1).float() for p in self.runtime.unwrap(model).parameters()])
         reference = flat.clone()
@@ -328,3 +360,26 @@ class Trainer:
         max_diff = float(local)
         return max_diff == 0.0, max_diff
 
+
+class _FlopsOnMetaCopy:
+    """The run monitor, with FLOPs counted on the model's unsharded ``meta`` copy (kept by
+    :class:`~skylift.train.sharding.Sharding`): under FSDP a forward gathers parameters
+    from every rank, and the monitor's meta-tensor trace through the sharded module
+    breaks its state (seen with torch 2.14: the next real forward fails)."""
+
+    def __init__(self, monitor: Any, sharding: Any) -> None:
+        object.__setattr__(self, "_monitor", monitor)
+        object.__setattr__(self, "_sharding", sharding)
+
+    def count_flops(self, module: nn.Module, batch: Any, loss: Any, batch_size: int) -> None:
+        copy = self._sharding.meta_copy
+        if copy is None:
+            self._monitor.record_flops(None, batch_size)
+            return
+        self._monitor.count_flops(copy, batch, loss, batch_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._monitor, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._monitor, name, value)

@@ -157,24 +157,41 @@ def memory_fits_device(facts: Facts) -> Finding | None:
     where = "the smallest GPU" if capacities else "available RAM"
     if not capacity:
         return None
-    text = (f"about {format_bytes(estimate.total_bytes)} per rank ({_memory_parts(estimate)}) of "
-            f"{format_bytes(capacity)} on {where}")
+    # cpu_offload moves the sharded state to host RAM: on a CPU that is the same memory.
+    total = estimate.total_bytes + (0 if capacities else estimate.host_bytes)
+    text = f"about {format_bytes(total)} per rank ({_memory_parts(estimate)}) of {format_bytes(capacity)} on {where}"
+    host = _offloaded_state_finding(facts, estimate) if capacities else None
+    if host is not None:
+        return host
     fix = (
         "set data.micro_batch_size: auto (the largest that fits, measured at start), lower "
         f"data.global_batch_size or raise accumulation.steps (micro-batch now {job.micro_batch_size}), or set "
         "activation_checkpointing.enabled: true"
-    )
-    if estimate.total_bytes > capacity:
+    ) + (", or shard the model over the ranks: distributed.strategy: fsdp"
+         if estimate.shard_count == 1 and job.nproc * job.nnodes > 1 else "")
+    if total > capacity:
         return Finding("fail", f"out of memory: {text}", fix)
-    if not fits_device(estimate.total_bytes, capacity):
+    if not fits_device(total, capacity):
         # The plan drops such a machine (the same fits_device); here it may still run.
         return Finding("warn", f"tight: {text}, over {MEMORY_HEADROOM:.0%}; workspaces and the CUDA context "
                        "come on top", fix)
     return Finding("pass", text)
 
 
+def _offloaded_state_finding(facts: Facts, estimate: MemoryEstimate) -> Finding | None:
+    """FSDP ``cpu_offload``: every rank of this node keeps its sharded state in host RAM."""
+    needed = estimate.host_bytes * facts.job.nproc
+    available = facts.memory.available_bytes
+    if not needed or not available or needed <= available:
+        return None
+    return Finding("fail", f"out of host memory: {facts.job.nproc} rank(s) x {format_bytes(estimate.host_bytes)} "
+                   f"of state offloaded by distributed.fsdp.cpu_offload > {format_bytes(available)} available RAM",
+                   "set distributed.fsdp.cpu_offload: false, use more ranks to shard over, or a machine with more RAM")
+
+
 def _memory_parts(estimate: MemoryEstimate) -> str:
-    parts = [f"{estimate.parameters:,} parameters: weights {format_bytes(estimate.parameter_bytes)}",
+    parts = [estimate.sharding] if estimate.sharding else []
+    parts += [f"{estimate.parameters:,} parameters: weights {format_bytes(estimate.parameter_bytes)}",
              f"gradients {format_bytes(estimate.gradient_bytes)}"
              + (f" (DDP buckets {format_bytes(estimate.bucket_bytes)})" if estimate.bucket_bytes else ""),
              f"optimizer {format_bytes(estimate.optimizer_bytes)}"]
@@ -182,6 +199,10 @@ def _memory_parts(estimate: MemoryEstimate) -> str:
         parts.append(f"EMA {format_bytes(estimate.ema_bytes)}")
     if estimate.autocast_weight_bytes:
         parts.append(f"autocast weights {format_bytes(estimate.autocast_weight_bytes)}")
+    if estimate.unsharded_bytes:
+        parts.append(f"gathered blocks {format_bytes(estimate.unsharded_bytes)}")
+    if estimate.host_bytes:
+        parts.append(f"in host memory {format_bytes(estimate.host_bytes)}")
     activations = estimate.activation_bytes
     parts.append(f"activations {'unknown' if activations is None else format_bytes(activations)}")
     return ", ".join(parts)

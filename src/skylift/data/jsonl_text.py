@@ -1,0 +1,203 @@
+"""Causal language-model data: JSONL documents, prompt masks, packing and padding.
+
+A JSONL row is a document: ``{"text": ...}`` (every token is a target), or
+``{"prompt": ..., "completion": ...}`` (only the completion's tokens are targets: the
+prompt's labels are ``-100``, which the loss ignores). A document's token ids end with
+the tokenizer's end-of-sequence token, so the model learns where a document stops.
+
+Two ways to cut documents into training sequences:
+
+- :class:`PackedBlocks` concatenates the documents and cuts the stream into blocks of
+  ``sequence_length`` inputs, each with the next token of every position as its label
+  (HF ``run_clm.py``'s ``group_texts``, torchtitan's packing). Every token except the
+  stream's first is a target exactly once; the tail shorter than a block is dropped.
+  Attention crosses the documents inside a block, as in those references.
+- :class:`DocumentSequences` keeps one document per sequence (truncated to
+  ``sequence_length``), with its length for token-budget batching; batches are padded
+  to their longest sequence (:func:`causal_collate`).
+
+Labels are stored already shifted (``labels[t]`` is the target after ``input_ids[t]``),
+so the loss is a plain cross-entropy over positions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from skylift.errors import SkyliftConfigError
+
+__all__ = [
+    "IGNORE_INDEX",
+    "DocumentSequences",
+    "EncodedDocument",
+    "PackedBlocks",
+    "causal_collate",
+    "encode_documents",
+    "read_jsonl_documents",
+]
+
+IGNORE_INDEX = -100
+"""The label of a position that carries no loss (``torch.nn.functional.cross_entropy``'s default)."""
+
+Encode = Callable[[list[str], bool], list[list[int]]]
+"""Texts -> token ids; the flag says whether to add the tokenizer's leading special tokens."""
+
+
+@dataclass(frozen=True)
+class EncodedDocument:
+    ids: list[int]
+    targets: list[bool]
+    """Per token: whether predicting it counts in the loss (False for a prompt's tokens)."""
+
+
+def read_jsonl_documents(path: Path, field: str) -> list[dict[str, str]]:
+    """The rows of the JSONL file ``path`` (named by the config key ``field``), each with
+    ``text`` or with ``prompt`` and ``completion``, all strings.
+
+    Raises:
+        SkyliftConfigError: the file is missing or empty, or a row is not such an object
+            (naming the file, the line and what it holds).
+    """
+    if not path.is_file():
+        raise SkyliftConfigError(f"{field}: {path} is not a file",
+                                 hint="Point it at a JSONL file of {\"text\": ...} or {\"prompt\": ..., "
+                                      "\"completion\": ...} rows")  # fmt: skip
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                rows.append(_document(line, f"{field}: {path}:{number}"))
+    if not rows:
+        raise SkyliftConfigError(f"{field}: {path} holds no rows")
+    return rows
+
+
+def _document(line: str, where: str) -> dict[str, str]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise SkyliftConfigError(f"{where}: not JSON ({error.msg})") from None
+    keys = set(row) if isinstance(row, dict) else set()
+    if keys >= {"prompt", "completion"}:
+        wanted = ("prompt", "completion")
+    elif "text" in keys:
+        wanted = ("text",)
+    else:
+        raise SkyliftConfigError(f"{where}: a row needs \"text\", or \"prompt\" and \"completion\" "
+                                 f"(found {sorted(keys) if keys else type(row).__name__})")  # fmt: skip
+    for key in wanted:
+        if not isinstance(row[key], str):
+            raise SkyliftConfigError(f"{where}: \"{key}\" must be a string, not {type(row[key]).__name__}")
+    return {key: row[key] for key in wanted}
+
+
+def encode_documents(rows: Sequence[dict[str, str]], encode: Encode, eos_id: int, *,
+                     mask_prompt: bool = True) -> list[EncodedDocument]:
+    """Token ids and target flags of each row. The first segment (``text`` or ``prompt``)
+    gets the tokenizer's leading special tokens (Llama's ``<|begin_of_text|>``), the
+    completion none; ``eos_id`` ends every document. Prompt and completion are encoded
+    apart, so the boundary between them is a token boundary.
+
+    ``mask_prompt=False`` keeps the prompt's tokens as targets too."""
+    firsts = encode([row.get("text", row.get("prompt", "")) for row in rows], True)
+    completions = iter(encode([row["completion"] for row in rows if "completion" in row], False))
+    documents = []
+    for row, first in zip(rows, firsts, strict=True):
+        if "completion" in row:
+            completion = [*next(completions), eos_id]
+            targets = [not mask_prompt] * len(first) + [True] * len(completion)
+            documents.append(EncodedDocument([*first, *completion], targets))
+        else:
+            documents.append(EncodedDocument([*first, eos_id], [True] * (len(first) + 1)))
+    return documents
+
+
+def _labels(ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``ids`` where ``targets`` holds, else :data:`IGNORE_INDEX`."""
+    return torch.where(targets, ids, torch.full_like(ids, IGNORE_INDEX))
+
+
+class PackedBlocks(Dataset):
+    """The documents as one token stream cut into blocks of ``sequence_length`` positions.
+
+    Block ``i`` reads stream tokens ``[iL, (i+1)L)`` and predicts ``[iL+1, (i+1)L]``:
+    consecutive blocks overlap by one token, so no prediction is lost at a block edge.
+
+    Raises:
+        SkyliftConfigError: the documents hold fewer than ``sequence_length + 1`` tokens.
+    """
+
+    def __init__(self, documents: Sequence[EncodedDocument], sequence_length: int, *, field: str) -> None:
+        stream = torch.tensor([token for document in documents for token in document.ids], dtype=torch.long)
+        targets = torch.tensor([flag for document in documents for flag in document.targets], dtype=torch.bool)
+        num_blocks = (len(stream) - 1) // sequence_length
+        if num_blocks < 1:
+            raise SkyliftConfigError(
+                f"{field}: {len(stream)} tokens do not fill one block of recipe.args.sequence_length "
+                f"({sequence_length}) + 1", hint="Give more data or lower recipe.args.sequence_length")  # fmt: skip
+        used = num_blocks * sequence_length
+        self.input_ids = stream[:used].view(num_blocks, sequence_length)
+        self.labels = _labels(stream[1 : used + 1], targets[1 : used + 1]).view(num_blocks, sequence_length)
+        self.dropped_tokens = len(stream) - used - 1
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.input_ids[index], self.labels[index]
+
+
+class DocumentSequences(Dataset):
+    """One document per sequence: inputs ``ids[:-1]``, labels ``ids[1:]`` (masked),
+    truncated to ``sequence_length`` positions; ``lengths`` for token-budget batching.
+    Documents of a single token (nothing to predict) are left out."""
+
+    def __init__(self, documents: Sequence[EncodedDocument], sequence_length: int) -> None:
+        kept = [document for document in documents if len(document.ids) > 1]
+        self.truncated = sum(len(document.ids) - 1 > sequence_length for document in kept)
+        self.sequences: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for document in kept:
+            ids = torch.tensor(document.ids[: sequence_length + 1], dtype=torch.long)
+            targets = torch.tensor(document.targets[: sequence_length + 1], dtype=torch.bool)
+            self.sequences.append((ids[:-1], _labels(ids[1:], targets[1:])))
+        self.lengths = [len(inputs) for inputs, _ in self.sequences]
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sequences[index]
+
+    def subset(self, indices: Sequence[int]) -> DocumentSequences:
+        """The sequences at ``indices``, in that order."""
+        chosen = DocumentSequences([], 1)
+        chosen.sequences = [self.sequences[index] for index in indices]
+        chosen.lengths = [self.lengths[index] for index in indices]
+        chosen.truncated = self.truncated
+        return chosen
+
+
+def causal_collate(pad_id: int) -> Callable[[list[tuple[torch.Tensor, torch.Tensor]]], Any]:
+    """Join ``(input_ids, labels)`` pairs into ``(input_ids, attention_mask, labels)``,
+    right-padded to the longest: inputs with ``pad_id``, labels with :data:`IGNORE_INDEX`
+    (so padding never counts in the loss), attention mask 0 there."""
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        longest = max(len(inputs) for inputs, _ in samples)
+        input_ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+        labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros((len(samples), longest), dtype=torch.long)
+        for row, (inputs, targets) in enumerate(samples):
+            input_ids[row, : len(inputs)] = inputs
+            labels[row, : len(targets)] = targets
+            attention_mask[row, : len(inputs)] = 1
+        return input_ids, attention_mask, labels
+
+    return collate

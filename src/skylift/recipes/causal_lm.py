@@ -1,0 +1,243 @@
+"""Causal language-model fine-tuning: a Hugging Face ``AutoModelForCausalLM`` on JSONL documents.
+
+The model and tokenizer come from a local folder (``recipe.args.model_path``), offline,
+weights in fp32 (mixed precision computes in bf16 from fp32 master weights), or from
+the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`). Documents are ``text`` rows,
+or ``prompt``/``completion`` rows whose prompt is masked out of the loss
+(:mod:`skylift.data.jsonl_text`), packed into blocks of ``sequence_length`` tokens, or
+one per sequence and padded per batch (with ``data.batching: token_budget``, sorted
+into micro-batches of at most ``data.max_tokens`` padded tokens).
+
+The loss of a step is the sum of its token losses over every micro-batch and rank
+divided by the number of labelled tokens of the whole step (:meth:`CausalLM.loss_count`;
+the Trainer weighs each micro-batch's mean by its count), not the mean of micro-batch
+means, which would count a token of a micro-batch with few labelled tokens more than
+one of a micro-batch with many. Evaluation reports the loss per labelled token and its
+exponential, the perplexity, summed exactly across ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from skylift.config.schema import RunConfig
+from skylift.data.datasets import DatasetSplit
+from skylift.data.jsonl_text import (
+    IGNORE_INDEX,
+    DocumentSequences,
+    PackedBlocks,
+    causal_collate,
+    encode_documents,
+    read_jsonl_documents,
+)
+from skylift.errors import SkyliftConfigError
+from skylift.recipes.args import TINY_LLAMA, CausalLMArgs, check_causal_lm_config
+from skylift.recipes.base import Recipe
+from skylift.recipes.hf_models import offline
+
+__all__ = ["CausalLM", "token_loss_sums"]
+
+log = logging.getLogger("skylift")
+
+_INSTALL_HINT = "install skylift's text extra: pip install -c requirements/constraints.txt -e '.[text]'"
+
+
+def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The summed cross-entropy over the labelled positions of ``labels`` (shifted
+    already: ``labels[b, t]`` is the target after position ``t``; -100 carries no loss),
+    and how many there are."""
+    # Under bf16 autocast cross_entropy computes in fp32 (it is on autocast's fp32 list).
+    loss_sum = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss_sum, (labels != IGNORE_INDEX).sum()
+
+
+class CausalLM(Recipe):
+    """Next-token cross-entropy per labelled token; see the module's docstring."""
+
+    Args = CausalLMArgs
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
+        self.args: CausalLMArgs
+        check_causal_lm_config(config, self.args)
+        self.builtin = self.args.model_path == TINY_LLAMA
+        self.folder = None if self.builtin else _model_folder(self.args.model_path)
+        self.tokenizer = self._tokenizer()
+        self.pad_id = self._pad_id()
+
+    def _tokenizer(self) -> Any:
+        if self.builtin:
+            from skylift.recipes.tiny_lm import tiny_tokenizer
+
+            _transformers()  # offline, and the install hint when transformers is missing
+            return tiny_tokenizer()
+        tokenizer = _transformers().AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+        if tokenizer.eos_token_id is None:
+            raise SkyliftConfigError(f"recipe.args.model_path: the tokenizer in {self.folder} has no end-of-sequence "
+                                     "token, which ends every document", hint="Set tokenizer.eos_token and "
+                                     "save_pretrained the folder again")  # fmt: skip
+        return tokenizer
+
+    def _pad_id(self) -> int:
+        # Llama 3's tokenizer has no padding token. A padded position's label is -100 and its
+        # attention mask 0, so the id there is never seen: end-of-sequence serves.
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def model_config(self) -> Any:
+        """The model's ``PretrainedConfig`` (the folder's ``config.json``), for building it."""
+        if self.builtin:
+            from skylift.recipes.tiny_lm import tiny_llama_config
+
+            return tiny_llama_config(self.tokenizer)
+        return _transformers().AutoConfig.from_pretrained(str(self.folder), local_files_only=True)
+
+    def build_datasets(self) -> DatasetSplit:
+        args = self.args
+        rows = read_jsonl_documents(Path(args.train_path), "recipe.args.train_path")
+        if args.val_path is not None:
+            train_rows, val_rows = rows, read_jsonl_documents(Path(args.val_path), "recipe.args.val_path")
+        else:
+            train_rows, val_rows = self._hold_out(rows)
+        train = self._sequences(train_rows, "recipe.args.train_path")
+        val = self._sequences(val_rows, "recipe.args.val_path (or the held-out data.val_fraction)")
+        if isinstance(val, DocumentSequences):
+            # Evaluation sums over every sequence, in any order: by length, its batches pad little.
+            val = val.subset(sorted(range(len(val)), key=lambda index: val.lengths[index]))
+        self._log_data(train_rows, val_rows, train, val)
+        return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
+
+    def _hold_out(self, rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.config.seed)).tolist()
+        num_val = max(1, round(len(rows) * self.config.data.val_fraction))
+        if num_val >= len(rows):
+            raise SkyliftConfigError(f"recipe.args.train_path: {len(rows)} documents leave none for training after "
+                                     f"data.val_fraction ({self.config.data.val_fraction})",
+                                     hint="Give more documents, or recipe.args.val_path")  # fmt: skip
+        return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
+
+    def _sequences(self, rows: list[dict[str, str]], field: str) -> PackedBlocks | DocumentSequences:
+        def encode(texts: list[str], special: bool) -> list[list[int]]:
+            return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
+
+        documents = encode_documents(rows, encode, int(self.tokenizer.eos_token_id), mask_prompt=self.args.mask_prompt)
+        if self.args.packing:
+            return PackedBlocks(documents, self.args.sequence_length, field=field)
+        return DocumentSequences(documents, self.args.sequence_length)
+
+    def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
+        labelled = int((train.labels != IGNORE_INDEX).sum()) if isinstance(train, PackedBlocks) else sum(
+            int((labels != IGNORE_INDEX).sum()) for _, labels in train.sequences)  # fmt: skip
+        shape = (f"{len(train)} packed blocks of {self.args.sequence_length} tokens" if isinstance(train, PackedBlocks)
+                 else f"{len(train)} sequences (up to {self.args.sequence_length} tokens; {train.truncated} cut there)")
+        log.info("causal_lm: %d training and %d validation documents; training: %s, %d labelled tokens; "
+                 "validation: %d sequences", len(train_rows), len(val_rows), shape, labelled, len(val))  # fmt: skip
+
+    def build_model(self, data: DatasetSplit | None = None) -> nn.Module:
+        """The model in fp32: the folder's weights, or the tiny Llama drawn from the run's
+        seed. Under a meta default device (``with torch.device("meta")``: a memory
+        estimate, or a sharded run that loads :meth:`weights_source` itself), the
+        architecture only."""
+        transformers = _transformers()
+        if torch.get_default_device().type == "meta":
+            return transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
+        if self.builtin:
+            from skylift.recipes.tiny_lm import tiny_llama
+
+            model = tiny_llama(self.tokenizer, self.config.seed)
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(self.folder), dtype=torch.float32,
+                                                                      local_files_only=True)  # fmt: skip
+        rows = model.get_input_embeddings().num_embeddings
+        if len(self.tokenizer) > rows:
+            raise SkyliftConfigError(f"recipe.args.model_path: the tokenizer numbers {len(self.tokenizer)} tokens, the "
+                                     f"model embeds {rows}", hint="Use the tokenizer saved with this model, or resize "
+                                     "its embeddings and save_pretrained it again")  # fmt: skip
+        return model
+
+    def weights_source(self) -> Path | None:
+        """The model folder, when it holds safetensors weights (the tiny Llama has none)."""
+        if self.folder is None or not any(self.folder.glob("*.safetensors")):
+            return None
+        return self.folder
+
+    def collate(self, train: bool) -> Any:
+        return causal_collate(self.pad_id)
+
+    def _forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids, attention_mask, labels = batch
+        return token_loss_sums(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
+
+    def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Mean cross-entropy over the batch's labelled tokens (0 when it has none)."""
+        loss_sum, count = self._forward(model, batch)
+        return loss_sum / count.clamp(min=1)
+
+    def loss_count(self, batch: Any) -> torch.Tensor:
+        """The batch's labelled tokens: prompt and padding positions do not count."""
+        return (batch[2] != IGNORE_INDEX).sum()
+
+    def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        loss_sum, count = self._forward(model, batch)
+        return {"loss_sum": loss_sum.float(), "count": count.float()}
+
+    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
+        """``loss`` per labelled token and ``perplexity``, its exponential."""
+        loss = sums.get("loss_sum", 0.0) / max(sums.get("count", 0.0), 1.0)
+        # exp overflows a float past 709.78; a loss that high means perplexity is meaningless anyway.
+        return {"loss": loss, "perplexity": math.exp(loss) if loss < 709.0 else math.inf}
+
+    def export_pretrained(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *,
+                          dtype: torch.dtype = torch.float32) -> list[Path]:
+        """The model of :meth:`model_config` holding ``state_dict``, and the tokenizer, as
+        ``save_pretrained`` writes them (safetensors), in ``dtype``.
+
+        Raises:
+            SkyliftConfigError: ``state_dict`` does not fit the architecture (names the keys).
+        """
+        transformers = _transformers()
+        with torch.device("meta"):  # no memory for weights that are replaced next
+            model = transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
+        buffers = {name for name, _ in model.named_buffers()}
+        missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+        tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+        missing = [name for name in missing if name not in tied and name not in buffers]
+        if missing or unexpected:
+            raise SkyliftConfigError(
+                f"the checkpoint does not fit {type(model).__name__} of {self.args.model_path}: missing "
+                f"{missing[:5]}, unexpected {list(unexpected)[:5]}", hint="Export with the config the run trained")
+        model.tie_weights()
+        model.to(dtype)
+        transformers.logging.disable_progress_bar()  # one "Writing model shards" bar per call otherwise
+        try:
+            model.save_pretrained(str(out_dir))
+        finally:
+            transformers.logging.enable_progress_bar()
+        self.tokenizer.save_pretrained(str(out_dir))
+        return sorted(path for path in out_dir.iterdir() if path.is_file())
+
+
+def _model_folder(path: str) -> Path:
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise SkyliftConfigError(
+            f"recipe.args.model_path: {folder} holds no config.json, so it is not a Hugging Face model folder",
+            hint=f"Point it at a folder that save_pretrained wrote (config.json, *.safetensors, tokenizer files), "
+            f"or use {TINY_LLAMA}")  # fmt: skip
+    return folder
+
+
+def _transformers() -> Any:
+    offline()
+    try:
+        import transformers
+    except ImportError:
+        raise SkyliftConfigError("recipe causal_lm needs the transformers package", hint=_INSTALL_HINT) from None
+    return transformers

@@ -1,0 +1,140 @@
+"""A tiny Llama, its tokenizer and a generated corpus: a causal-LM job that needs no download.
+
+``recipe.args.model_path: builtin:tiny-llama`` is a 2-layer ``LlamaForCausalLM`` built
+from its config class, initialised from the run's seed, with a byte-level BPE tokenizer
+(the ``tokenizers`` library) trained on :func:`tiny_corpus`. Both are the same on every
+rank and every run: the corpus is seeded, and BPE training on a fixed corpus is
+deterministic (a test trains it twice and compares).
+
+The corpus has structure a model this size learns in a few hundred steps: counting runs
+(``count from 7: 7 8 9 10``, as ``text``), and two lookups as prompt and completion
+(``colour of a lemon:`` -> `` yellow``; ``after 12 comes`` -> `` 13``), so the loss
+falls visibly and the masked prompt tokens matter. ``examples/data/tiny-lm.jsonl`` is
+this corpus (``python -m skylift.recipes.tiny_lm examples/data/tiny-lm.jsonl`` writes
+it again; a test holds the two equal). :func:`write_tiny_lm` writes the model and
+tokenizer as a Hugging Face folder, to use like any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COLOURS", "tiny_corpus", "tiny_llama", "tiny_llama_config", "tiny_tokenizer", "write_corpus",
+           "write_tiny_lm"]
+
+COLOURS = {
+    "lemon": "yellow", "banana": "yellow", "lime": "green", "leaf": "green", "frog": "green", "cherry": "red",
+    "tomato": "red", "ruby": "red", "sky": "blue", "sea": "blue", "plum": "purple", "grape": "purple",
+    "coal": "black", "crow": "black", "snow": "white", "milk": "white", "carrot": "orange", "pumpkin": "orange",
+    "flamingo": "pink", "chocolate": "brown",
+}  # fmt: skip
+"""The colour lookup the corpus teaches."""
+
+SPECIAL_TOKENS = {"pad_token": "<|pad|>", "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+"""Named as Llama 3 names its own (it has no padding token; this one is never a target)."""
+
+VOCABULARY_SIZE = 512
+"""BPE merges stop here, or when the corpus has no pair left to merge."""
+
+
+def tiny_corpus(num_rows: int = 3000, seed: int = 0) -> list[dict[str, str]]:
+    """``num_rows`` documents, a third of each kind, as JSONL rows (seeded)."""
+    draw = random.Random(seed)
+    objects = sorted(COLOURS)
+    rows: list[dict[str, str]] = []
+    for index in range(num_rows):
+        kind = index % 3
+        if kind == 0:
+            start = draw.randint(0, 60)
+            run = " ".join(str(number) for number in range(start, start + draw.randint(3, 12)))
+            rows.append({"text": f"count from {start}: {run}"})
+        elif kind == 1:
+            thing = draw.choice(objects)
+            article = "an" if thing[0] in "aeiou" else "a"
+            rows.append({"prompt": f"colour of {article} {thing}:", "completion": f" {COLOURS[thing]}"})
+        else:
+            number = draw.randint(0, 70)
+            rows.append({"prompt": f"after {number} comes", "completion": f" {number + 1}"})
+    return rows
+
+
+def _texts(rows: list[dict[str, str]]) -> list[str]:
+    return [row.get("text", row.get("prompt", "") + row.get("completion", "")) for row in rows]
+
+
+def tiny_tokenizer() -> Any:
+    """A ``PreTrainedTokenizerFast``: byte-level BPE trained on :func:`tiny_corpus`, which
+    adds ``<|begin_of_text|>`` in front of a text, as Llama 3's does (any text encodes:
+    bytes it did not see stay single-byte tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCABULARY_SIZE, special_tokens=list(SPECIAL_TOKENS.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(_texts(tiny_corpus()), trainer)
+    bos = SPECIAL_TOKENS["bos_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                             special_tokens=[(bos, tokenizer.token_to_id(bos))])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+
+
+def tiny_llama_config(tokenizer: Any) -> Any:
+    """``LlamaConfig`` of 2 decoder layers, width 64, 4 query and 2 key/value heads
+    (grouped-query attention, as Llama 3), sized to ``tokenizer``."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+
+
+def tiny_llama(tokenizer: Any, seed: int) -> Any:
+    """A freshly initialised ``LlamaForCausalLM`` of :func:`tiny_llama_config`, in fp32,
+    drawn from ``seed`` alone (the global random state is left as it was)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(tiny_llama_config(tokenizer)).float()
+
+
+def write_tiny_lm(folder: Path, seed: int = 0) -> Path:
+    """:func:`tiny_llama` of ``seed`` and its tokenizer as a Hugging Face folder
+    (``save_pretrained``: config.json, model.safetensors, tokenizer files)."""
+    tokenizer = tiny_tokenizer()
+    tiny_llama(tokenizer, seed).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def write_corpus(path: Path, rows: list[dict[str, str]]) -> Path:
+    """``rows`` as a JSONL file, one object a line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m skylift.recipes.tiny_lm", description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", type=Path, help="where to write the generated corpus (JSONL)")
+    parser.add_argument("--model", type=Path, default=None, metavar="DIR",
+                        help="also write the tiny Llama and its tokenizer to this folder")
+    args = parser.parse_args(argv)
+    print(write_corpus(args.corpus, tiny_corpus()))
+    if args.model is not None:
+        print(write_tiny_lm(args.model))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -38,3 +38,17 @@ def test_launch_sets_the_variables_from_its_flags(cli_here):
     lines = result.stdout.splitlines()
     assert lines[:2] == ["SKYLIFT_RUN_DIR=runs/x", "SKYLIFT_CHECKPOINT_ROOT=s3://bucket/runs/own-loop"]
     assert lines[2].startswith("torchrun ") and lines[2].endswith("-m skylift.cli.shim examples/own_loop.py")
+
+
+def test_runtime_from_config_takes_the_folder_and_root_the_launcher_set(tmp_path, monkeypatch):
+    import torch
+
+    from skylift.loop.distributed import DistributedContext
+    from skylift.train.runtime import Runtime
+
+    monkeypatch.setenv("SKYLIFT_RUN_DIR", str(tmp_path / "platform-run"))
+    monkeypatch.setenv("SKYLIFT_CHECKPOINT_ROOT", str(tmp_path / "platform-checkpoints"))
+    runtime = Runtime.from_config("examples/own_loop.yaml", DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None))
+    assert runtime.config.run_dir == tmp_path / "platform-run"
+    assert runtime.config.checkpoint.root == str(tmp_path / "platform-checkpoints")
+    assert runtime.services.run_dir.root == tmp_path / "platform-run"

@@ -134,6 +134,15 @@ def test_a_refused_setting_stops_skylift_run_before_training(cli_here, tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_dry_run_refuses_what_fsdp_cannot_train_before_any_worker(cli_here, tmp_path):
+    result = cli_here("run", "examples/quickstart.yaml", "--dry-run", "--set", f"run_dir={tmp_path}",
+                      "--set", "distributed.strategy=fsdp", "--set", "optim.ema_decay=0.99",
+                      "--set", "channels_last=true")
+    assert result.returncode == 2, result.stderr
+    assert "optim.ema_decay with distributed.strategy: fsdp" in result.stderr
+    assert "channels_last with distributed.strategy: fsdp" in result.stderr
+
+
 def test_unknown_block_types_stop_a_one_rank_run(cli_here, tmp_path):
     result = cli_here("run", "examples/quickstart.yaml", "--no-doctor", "--set", f"run_dir={tmp_path}",
                       "--set", "distributed.strategy=fsdp", "--set", "distributed.fsdp.block_types=[Block]",

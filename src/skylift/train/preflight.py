@@ -27,6 +27,12 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
     except ValueError as error:
         raise SkyliftConfigError(str(error)) from None
     check_recipe_args(config)  # recipe.args (and the user's recipe import), before any worker
+    if config.distributed.strategy == "fsdp":
+        from skylift.train.sharding import check_sharding_options
+
+        # The Runtime checks again; here the refusal comes before any worker starts (check, --dry-run).
+        check_sharding_options(precision=config.precision, channels_last=config.channels_last,
+                               cpu_offload=config.distributed.fsdp.cpu_offload, ema_decay=config.optim.ema_decay)
     device = _local_device(config.device)
     policy = resolve_precision(config.precision, DeviceInfo.detect(device))
     return {

@@ -140,6 +140,10 @@ class Runtime:
             from skylift.config.load import load_config
 
             config = load_config(str(config), list(overrides))
+        from skylift.config.script_environment import apply_to
+
+        # skylift launch / submit -- SCRIPT name the platform's run folder and checkpoint root.
+        config = apply_to(config)
         seed_everything(config.seed, config.deterministic)
         runtime = cls._compute_from_config(config, context)
         if config.data.micro_batch_size is not None:
@@ -477,11 +481,6 @@ class Runtime:
             return lambda: save_model(self.unwrap(model), path)
         wanted = self.services.config.checkpoint.save_final_model
         return self.sharding.weights_writer(self.unwrap(model), path) if wanted else None
-
-    def release(self) -> None:
-        """End the one-rank process group a one-process FSDP run made (else nothing)."""
-        if self.sharding is not None:
-            self.sharding.release()
 
     def _require_services(self, call: str) -> Any:
         if self.services is None:

@@ -127,7 +127,8 @@ class Trainer:
             return self._fit()
         finally:
             self.services.close()
-            self.runtime.release()
+            if self.runtime.sharding is not None:
+                self.runtime.sharding.release()  # the one-rank group of a one-process run, if it made one
 
     def _fit(self) -> RunSummary:
         parts = self._build()

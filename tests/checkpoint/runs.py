@@ -34,9 +34,9 @@ EXACT = (
 
 LEAN = ("monitor.report=false",)
 """With ``--no-doctor``: what :func:`lean_train` adds. The HTML report's PNGs cost about
-1.5 s of a run; the doctor's memory trace costs a launcher of ``--nproc`` workers the
-import of torch._dynamo (1.4 s; a training process imports it anyway). Neither touches
-the checkpoints, and their own tests cover them."""
+1.4 s of a run; the doctor's memory trace costs a launcher of ``--nproc`` workers the
+import of torch._dynamo (1.4 s; a training process imports it anyway, for its optimizer).
+Neither touches the checkpoints, and their own tests cover them."""
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 """A single-process run's threads. On two cores shared with other jobs, two OpenMP threads

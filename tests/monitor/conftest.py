@@ -83,6 +83,20 @@ def _run(run_dir: Path, log: Path, *, sigterm_after_step: int | None, timeout_s:
             process.wait()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Fits in this process (the diagnosis and schema runs) on one thread. On two cores shared
+    with other jobs two OpenMP threads wait on each other at every operator: a quickstart step
+    measured 78 ms on one thread and 816 ms on two, and the slow loader's run, on two threads
+    beside other tests, measured a data wait of 21% of the step (its diagnosis needs 25%)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def preempted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A digits run stopped by SIGTERM mid-way (exit 143), then resumed to the end (exit 0)."""

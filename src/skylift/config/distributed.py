@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from skylift.config.section import Section
 
-__all__ = ["DistributedConfig", "FsdpConfig"]
+__all__ = ["DistributedConfig", "ElasticNodes", "FsdpConfig"]
 
 
 class FsdpConfig(Section):
@@ -40,6 +40,39 @@ class FsdpConfig(Section):
     (pinned on CUDA). Not with ``precision: fp16``."""
 
 
+class ElasticNodes(Section):
+    """An elastic node count: torchrun's c10d rendezvous with ``--nnodes MIN:MAX``.
+
+    A node that leaves (a spot notice, a crash) shrinks the job, one that joins grows it
+    back; each change is a checkpoint and a restart of the workers at the new world size,
+    with the global batch kept (accumulation follows the world size)."""
+
+    min: int = Field(default=1, ge=1)
+    """Fewest nodes the job trains on. Below it, the survivors wait ``rendezvous_timeout_s``
+    for a replacement, then stop with their committed checkpoint and exit 143 (requeue)."""
+
+    max: int = Field(default=1, ge=1)
+    """Most nodes the job trains on; a node beyond it waits as a spare until one leaves."""
+
+    rendezvous_timeout_s: float = Field(default=300.0, gt=0.0)
+    """How long a (re)forming job waits for at least ``min`` nodes before it gives up."""
+
+    heartbeat_s: float = Field(default=5.0, gt=0.0)
+    """Interval of each agent's keep-alive in the rendezvous; a node silent for three
+    intervals counts as gone (a SIGKILLed node is noticed by its peers' collectives sooner)."""
+
+    max_failures: int = Field(default=3, ge=0)
+    """Restarts allowed after a worker crash (a lost peer, an error); membership changes
+    from a notice or a joining node do not count."""
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> ElasticNodes:
+        if self.min > self.max:
+            raise ValueError(f"distributed.nodes.min ({self.min}) is above distributed.nodes.max ({self.max}); "
+                             "set min <= max, e.g. {min: 1, max: 4}")
+        return self
+
+
 class DistributedConfig(Section):
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """Collective backend: ``auto`` takes NCCL on CUDA and gloo on CPU."""
@@ -56,6 +89,11 @@ class DistributedConfig(Section):
 
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     """FSDP2 settings (``strategy: fsdp``)."""
+
+    nodes: ElasticNodes | None = None
+    """An elastic node count ``{min, max}`` (also ``--nnodes MIN:MAX``): the job continues
+    on fewer nodes after a reclaim and grows back when a node returns. None: the fixed
+    ``--nnodes`` (default 1), where losing a node stops the whole job for a requeue."""
 
     find_unused_parameters: bool = False
     """DDP ``find_unused_parameters``: needed only for models with branches that skip

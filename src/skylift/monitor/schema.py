@@ -18,6 +18,7 @@ diagnosis       at the end of an attempt: what bounds the run and what to change
 epoch           at each epoch's start with token-budget batching: padding share
 autotune        when ``data.num_workers: auto`` has measured its candidates
 flops           once per attempt, at the first step: FLOPs per sample, or why not counted
+membership      once per attempt of an elastic job whose nodes changed: old and new size, why
 run_end         once per attempt, after the last step
 ==============  =============================================================================
 
@@ -248,6 +249,24 @@ class FlopsRecord(_Record):
     """How it was counted, or why it could not be (the MFU columns then stay empty)."""
 
 
+class MembershipRecord(_Record):
+    kind: Literal["membership"]
+    step: int = Field(ge=0)
+    """The step the job continues from at its new size (the checkpoint it resumed)."""
+    old_world_size: int = Field(ge=1)
+    new_world_size: int = Field(ge=1)
+    old_nodes: int = Field(ge=1)
+    new_nodes: int = Field(ge=1)
+    reason: Literal["notice", "node_lost", "node_joined"]
+    """``notice``: a node left after a spot notice, with a checkpoint at the step boundary;
+    ``node_lost``: a node vanished without notice, resumed from the newest complete
+    checkpoint; ``node_joined``: a node came (back) and the job grew at a boundary."""
+    seconds_lost: float = Field(ge=0)
+    """Wall seconds from the old size's last finished step to this size's first step."""
+    steps_lost: int = Field(default=0, ge=0)
+    """Steps trained at the old size after ``step`` that are trained again (``node_lost`` only)."""
+
+
 class RunEndRecord(_Record):
     kind: Literal["run_end"]
     step: int = Field(ge=0)
@@ -281,6 +300,7 @@ MetricsRecord = (
     | EpochRecord
     | AutotuneRecord
     | FlopsRecord
+    | MembershipRecord
     | GuardRecord
     | RunEndRecord
 )

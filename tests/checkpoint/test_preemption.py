@@ -17,7 +17,6 @@ or a port where nothing listens), so nothing here can reach a real metadata addr
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -40,6 +39,7 @@ from skylift.storage import open_store
 from tests.checkpoint.runs import LEAN, ONE_THREAD
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT
+from tests.process_family import ProcessFamily
 
 QUICKSTART = "examples/quickstart.yaml"
 MAX_STEPS = 80
@@ -93,7 +93,7 @@ def _command(run_dir: Path, nproc: int, overrides: tuple[str, ...] = ()) -> list
     return args
 
 
-class Run:
+class Run(ProcessFamily):
     """``skylift run`` in a subprocess, with its output in files and its whole
     process tree (torchrun's workers live in sessions of their own) killed on exit."""
 
@@ -109,12 +109,10 @@ class Run:
         if nproc == 1:
             env = {**ONE_THREAD, **env}  # as every single-process run compared bitwise (tests.checkpoint.runs)
         with self._stdout_path.open("w") as stdout, self._stderr_path.open("w") as stderr:
-            self.popen = subprocess.Popen(
+            super().__init__(subprocess.Popen(
                 _command(run_dir, nproc, overrides), cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr,
                 stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        self.family: dict[int, psutil.Process] = {}
-        self.family_seen_at = -math.inf
+            ))
         self.returncode: int | None = None
 
     @property
@@ -127,18 +125,6 @@ class Run:
 
     def explain(self) -> str:
         return f"exit code {self.popen.poll()}\n--- stderr (tail) ---\n{self.stderr[-4000:]}"
-
-    def remember_family(self, *, every_s: float = 0.0) -> None:
-        """Note every descendant, so they can be killed even once orphaned (at most
-        once per ``every_s``: walking /proc costs CPU the runs need)."""
-        if time.monotonic() - self.family_seen_at < every_s:
-            return
-        self.family_seen_at = time.monotonic()
-        try:
-            for child in psutil.Process(self.popen.pid).children(recursive=True):
-                self.family.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
 
     def wait_for_step(self, step: int, timeout_s: float = RUN_TIMEOUT_S) -> int:
         """Block until a ``train`` record for ``step`` (or later) is on disk; return it."""
@@ -161,22 +147,6 @@ class Run:
             time.sleep(0.05)
         self.returncode = self.popen.returncode
         return self.returncode
-
-    def kill(self) -> None:
-        """SIGKILL the launcher and every descendant ever seen (idempotent)."""
-        if self.popen.poll() is None:
-            self.remember_family()
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for process in self.family.values():
-            try:
-                process.kill()  # psutil refuses a pid that now belongs to another process
-            except psutil.Error:
-                pass
-        self.popen.wait(30)
-        psutil.wait_procs(list(self.family.values()), timeout=30)
 
 
 @contextmanager

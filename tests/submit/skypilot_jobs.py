@@ -36,6 +36,7 @@ def torch_free_job(submit: dict):
         checkpoint=SimpleNamespace(enabled=True, root=ROOT),
         data=SimpleNamespace(url="s3://bucket-1250000000/shards/train", val_url="s3://bucket-1250000000/shards/val"),
         preemption=SimpleNamespace(grace_s=None),
+        distributed=SimpleNamespace(nodes=None),
     )
     return job_spec_from(config, options, "examples/quickstart.yaml", [], now=FIXED_NOW)
 

@@ -24,6 +24,8 @@ __all__ = ["LEASE", "LeaseHeldError", "RunLease"]
 
 log = logging.getLogger("skylift")
 LEASE = "LEASE.json"
+ELASTIC_JOB_PREFIX = "skylift-"
+"""The rendezvous ids of skylift's elastic jobs (``skylift.train.elastic.rendezvous_id``)."""
 
 
 class LeaseHeldError(SkyliftError):
@@ -120,6 +122,8 @@ class RunLease:
     def _is_stale(self, holder: dict[str, Any]) -> bool:
         if not holder:
             return True
+        if holder.get("job_id") == self.job_id and self.job_id.startswith(ELASTIC_JOB_PREFIX):
+            return True  # an earlier attempt of this elastic job: its rendezvous runs one group at a time
         if time.time() - float(holder.get("heartbeat_time", 0)) > float(holder.get("ttl_s", self.ttl_s)):
             return True
         if holder.get("host") == socket.gethostname():

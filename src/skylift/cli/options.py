@@ -22,7 +22,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("processes (PyTorch's torchrun underneath)")
     group.add_argument("--nproc", type=int, default=None, help="worker processes on this node (default 1)")
-    group.add_argument("--nnodes", type=int, default=None, help="nodes in the job (default 1)")
+    group.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
+                       help="nodes in the job (default 1); MIN:MAX: elastic, continue on MIN to MAX nodes "
+                       "(torchrun's c10d rendezvous on --master-addr; node 0 hosts it)")
     group.add_argument("--node-rank", type=int, default=None, help="this node's index, 0..nnodes-1")
     group.add_argument("--master-addr", default=None, help="address of node 0, reachable from all nodes")
     group.add_argument("--master-port", type=int, default=None, help="port on node 0 (default: a free one)")
@@ -35,14 +37,28 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def topology_from(args: argparse.Namespace, grace_s: float | None = None):  # noqa: ANN201 - Topology
-    from skylift.submit.environment import fill_from_platform
+def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=None):  # noqa: ANN001, ANN201
+    """The Topology from the flags and the platform; ``nodes``: the config's
+    ``distributed.nodes`` (an ElasticNodes or None), checked against ``--nnodes``."""
+    from skylift.submit.environment import detect_platform_topology, fill_from_platform
+    from skylift.train.elastic import resolve_nodes
     from skylift.train.launcher import Topology
+
+    flag = args.nnodes if isinstance(args.nnodes, str) or args.nnodes is None else str(args.nnodes)
+    platform = detect_platform_topology()
+    if flag is None and nodes is None and platform is not None and platform.elastic_nodes is not None:
+        flag = "{}:{}".format(*platform.elastic_nodes)  # an elastic PyTorchJob's PET_NNODES=MIN:MAX
+    elastic = resolve_nodes(flag, nodes)
+    args.nnodes = elastic.max if elastic is not None else (None if flag is None else int(flag))
 
     # Unset flags (None) take what the platform tells this node (SageMaker, PAI-DLC,
     # TI-ONE, Kubeflow, SkyPilot), else their defaults; a given flag wins.
     platform_grace_s = fill_from_platform(args)
     grace_s = next((value for value in (args.grace_s, grace_s, platform_grace_s) if value is not None), None)
-    topology = Topology(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, grace_s)
+    # An elastic pod the platform gave no node rank (PyTorchJob's elasticPolicy) cannot say
+    # whether it hosts the rendezvous: torch then decides by host name (the endpoint's pod).
+    by_hostname = elastic is not None and platform is not None and platform.node_rank_unknown
+    topology = Topology(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, grace_s, elastic,
+                        rendezvous_host_by_name=by_hostname)
     topology.validate()
     return topology

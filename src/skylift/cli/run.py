@@ -32,7 +32,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.resume is not None:
         args.overrides = [*args.overrides, f"checkpoint.resume={args.resume}"]
     config = load_config(args.config, args.overrides)
-    topology = topology_from(args, grace_s=config.preemption.grace_s)
+    topology = topology_from(args, grace_s=config.preemption.grace_s, nodes=config.distributed.nodes)
     plan = preflight(config, topology.world_size)
     if args.dry_run:
         _print_plan(plan, as_json=args.json)

@@ -61,6 +61,12 @@ class ElasticNodes(Section):
     """Interval of each agent's keep-alive in the rendezvous; a node silent for three
     intervals counts as gone (a SIGKILLed node is noticed by its peers' collectives sooner)."""
 
+    last_call_s: float = Field(default=30.0, gt=0.0)
+    """Once ``min`` nodes are in a (re)forming rendezvous, how long it waits for more
+    before it starts at the size it has (torchrun's ``last_call_timeout``; whole seconds,
+    rounded up). Every restart to shrink pays it; a shorter one starts a job whose nodes
+    come up minutes apart on fewer nodes, and each late node then costs a restart."""
+
     max_failures: int = Field(default=3, ge=0)
     """Restarts allowed after a worker crash (a lost peer, an error); membership changes
     from a notice or a joining node do not count."""

@@ -150,10 +150,14 @@ class MonitorConfig(_Section):
 
     usd_per_hour: float | None = Field(default=None, ge=0.0)
     """Price of all the run's machines together per hour; turns on the cost ledger
-    (dollars spent, per epoch, projected). ``null``: no cost records."""
+    (dollars spent, per epoch, projected). In an elastic job (``distributed.nodes``) it is
+    the price of ``distributed.nodes.max`` nodes, and a stretch on fewer pays its share
+    (price x nodes held / max); each ``cost`` record names the nodes it charged.
+    ``null``: no cost records."""
 
     on_demand_usd_per_hour: float | None = Field(default=None, ge=0.0)
-    """On-demand price of the same machines, to report what spot capacity saved."""
+    """On-demand price of the same machines (in an elastic job: of ``max`` nodes, shared
+    the same way), to report what spot capacity saved."""
 
     report: bool = True
     """At the end of ``skylift run``, write the HTML report (``RUN_DIR/report/index.html``

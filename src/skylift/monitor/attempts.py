@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Attempt", "AttemptSplitter", "RunFigures", "elapsed_unit", "run_figures", "split_attempts", "usd"]
+__all__ = ["Attempt", "AttemptSplitter", "RunFigures", "elapsed_unit", "membership_text", "run_figures",
+           "split_attempts", "usd"]
 
 
 @dataclass
@@ -56,6 +57,11 @@ class Attempt:
     def last_step(self) -> int | None:
         steps = [r["step"] for r in self.records if r.get("kind") in ("train", "run_end") and "step" in r]
         return max(steps, default=None)
+
+    @property
+    def nodes(self) -> int | None:
+        """Nodes this attempt trained on (its ``run_start``), ``None`` when unrecorded."""
+        return self.start.get("num_nodes") if self.start is not None else None
 
     @property
     def outcome(self) -> str:
@@ -130,6 +136,8 @@ class RunFigures:
     precision: str | None = None
     outcome: str = "no records"
     wall_time_s: float | None = None
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    """The elastic job's ``membership`` records (a node left, was lost or joined), in order."""
 
 
 def run_figures(attempts: list[Attempt], summary: dict[str, Any] | None = None) -> RunFigures:
@@ -138,6 +146,7 @@ def run_figures(attempts: list[Attempt], summary: dict[str, Any] | None = None) 
     figures = RunFigures(attempts=len(attempts), outcome=_outcome(attempts, summary))
     records = [record for attempt in attempts for record in attempt.records]
     figures.preemptions = sum(1 for r in records if r.get("kind") == "preemption")
+    figures.membership = [r for r in records if r.get("kind") == "membership"]
     _train_figures(figures, records)
     last_eval = _last(records, "eval")
     if last_eval is not None:
@@ -191,6 +200,15 @@ def _train_figures(figures: RunFigures, records: list[dict[str, Any]]) -> None:
 
 def _last(records: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((r for r in reversed(records) if r.get("kind") == kind), None)
+
+
+def membership_text(record: dict[str, Any]) -> str:
+    """One membership change in words: ``2 -> 1 nodes (16 -> 8 ranks) at step 40: notice, 12.5 s lost``."""
+    text = (f"{record.get('old_nodes', '?')} → {record.get('new_nodes', '?')} nodes "
+            f"({record.get('old_world_size', '?')} → {record.get('new_world_size', '?')} ranks) at step "
+            f"{record.get('step', '?')}: {record.get('reason', '?')}, {float(record.get('seconds_lost', 0.0)):.1f} s lost")
+    steps_lost = record.get("steps_lost") or 0
+    return text + (f", {steps_lost} step{'s' if steps_lost != 1 else ''} trained again" if steps_lost else "")
 
 
 def elapsed_unit(span_s: float) -> tuple[str, float]:

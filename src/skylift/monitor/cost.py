@@ -3,6 +3,12 @@
 The machines are billed from the moment they run, not from the first step, so an
 attempt's cost starts when its Trainer starts. Spending carries over restarts: the
 ledger reads what earlier attempts recorded in the same ``metrics.jsonl``.
+
+An elastic job pays for the nodes it holds: the configured price is for
+``nodes_priced`` nodes (``distributed.nodes.max``), and an attempt on ``nodes`` of them
+pays ``nodes / nodes_priced`` of it; every ``cost`` record says the count it charged.
+The seconds between two attempts (a requeue's relaunch, an elastic restart's
+``seconds_lost``) belong to no attempt and are not charged.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ class CostLedger:
     """Turns elapsed time and progress into ``cost`` records.
 
     Args:
-        usd_per_hour: price of all the run's machines together.
+        usd_per_hour: price of ``nodes_priced`` nodes together (all the run's machines).
         on_demand_usd_per_hour: their on-demand price (for the spot savings), if known.
         earlier_usd: what previous attempts of this run spent.
         started_at: when this attempt's machines started being paid for (Unix time).
+        nodes: the nodes this attempt holds (``None``: all of ``nodes_priced``).
+        nodes_priced: the nodes the prices are for (``None``: ``nodes``).
     """
 
     def __init__(
@@ -43,12 +51,18 @@ class CostLedger:
         on_demand_usd_per_hour: float | None = None,
         earlier_usd: float = 0.0,
         started_at: float | None = None,
+        nodes: int | None = None,
+        nodes_priced: int | None = None,
     ) -> None:
-        self.usd_per_hour = usd_per_hour
-        self.on_demand_usd_per_hour = on_demand_usd_per_hour
+        self.nodes = nodes if nodes is not None else nodes_priced
+        self.nodes_priced = nodes_priced if nodes_priced is not None else self.nodes
+        share = self.nodes / self.nodes_priced if self.nodes and self.nodes_priced else 1.0
+        # Spot and on-demand scale alike, so the savings below stay (on-demand / spot - 1) x spent.
+        self.usd_per_hour = usd_per_hour * share
+        self.on_demand_usd_per_hour = on_demand_usd_per_hour * share if on_demand_usd_per_hour is not None else None
         self.earlier_usd = earlier_usd
         self.started_at = started_at if started_at is not None else time.time()
-        self._earlier_s = earlier_usd / usd_per_hour * 3600 if usd_per_hour > 0 else 0.0
+        self._earlier_s = earlier_usd / self.usd_per_hour * 3600 if self.usd_per_hour > 0 else 0.0
 
     def record(self, *, step: int, total_steps: int, steps_per_epoch: int, seconds_per_step: float | None) -> dict[str, Any]:
         """A ``cost`` record at ``step``; projections use the recent ``seconds_per_step``."""
@@ -59,6 +73,8 @@ class CostLedger:
             "kind": "cost",
             "step": step,
             "usd_per_hour": self.usd_per_hour,
+            "nodes": self.nodes,
+            "nodes_priced": self.nodes_priced,
             "usd_spent": round(spent, 6),
             "attempt_usd": round(attempt_usd, 6),
             "usd_per_epoch": None,

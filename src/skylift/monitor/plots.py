@@ -28,6 +28,8 @@ __all__ = [
 WIDTH_IN, HEIGHT_IN = 11.0, 3.8
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 PREEMPTED_COLOR = "#d62728"
+MEMBERSHIP_COLOR = "#9467bd"
+"""An elastic job's node count changing (the timeline's diamonds)."""
 MAX_GPU_LINES = 8
 """Above this many GPUs, plot the mean with a min-max band instead of one line each."""
 
@@ -323,6 +325,13 @@ def _draw_attempt(ax: Any, attempt: Attempt, axis: TimeAxis) -> None:
         ax.plot([axis(record["time"])], [record["step"]], marker="|" if committed else "x", ms=12, mew=2, ls="none",
                 color="#555555" if committed else PREEMPTED_COLOR,
                 label="checkpoint committed" if committed else "checkpoint failed")
+    for record in attempt.of_kind("membership"):
+        when = axis(record.get("time", begin))
+        ax.plot([when], [record["step"]], marker="D", ms=8, color=MEMBERSHIP_COLOR, ls="none",
+                label="membership change")
+        ax.annotate(f"{record.get('old_world_size')} → {record.get('new_world_size')} ranks ({record.get('reason')})"
+                    f"\n{float(record.get('seconds_lost', 0.0)):.1f} s lost", (when, record["step"]), xytext=(8, -26),
+                    textcoords="offset points", fontsize=8, color=MEMBERSHIP_COLOR)
     for record in attempt.of_kind("preemption"):
         when = axis(record.get("time", end))
         ax.plot([when], [record["step"]], marker="*", ms=14, color=PREEMPTED_COLOR, ls="none", label="preemption")

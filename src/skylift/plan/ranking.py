@@ -4,7 +4,9 @@ Spot costs are the price times the hours plus what interruptions add: each one c
 restart and the work since the last checkpoint. skylift saves on a spot notice when the
 measured save fits the provider's notice window, so then no work is lost. The hourly
 interruption rate is an assumption (no provider publishes one), listed in every plan
-and overridable with ``--interruptions-per-hour``.
+and overridable with ``--interruptions-per-hour``. An elastic job (``distributed.nodes``)
+on more nodes than its minimum loses only the interrupted node: the others train on
+while it is relaunched (:func:`elastic_assumptions` says how that is counted).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from skylift.machine.gpus import gpu_spec
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import StepPrediction, Target, predict_step, target_precision
 
-__all__ = ["DEFAULT_INTERRUPTIONS_PER_HOUR", "DEFAULT_RESTART_S", "Candidate", "PlanRequest", "interruption_rates",
-           "local_target", "plan_candidates", "row_target"]  # fmt: skip
+__all__ = ["DEFAULT_INTERRUPTIONS_PER_HOUR", "DEFAULT_RESTART_S", "DEFAULT_WORKER_RESTART_S", "Candidate",
+           "PlanRequest", "elastic_assumptions", "interruption_rates", "local_target", "plan_candidates",
+           "row_target"]  # fmt: skip
 
 DEFAULT_INTERRUPTIONS_PER_HOUR: dict[str, float] = {
     # skylift's assumption, the same for every provider until one publishes a rate. AWS's
@@ -32,6 +35,12 @@ DEFAULT_INTERRUPTIONS_PER_HOUR: dict[str, float] = {
 
 DEFAULT_RESTART_S = 600.0
 """Assumed seconds from an interruption to training again: new capacity, image pull, resume."""
+
+DEFAULT_WORKER_RESTART_S = 60.0
+"""Assumed seconds an elastic job's survivors stand still at a membership change: torchrun
+stops the workers, the rendezvous re-forms (it waits up to its last-call timeout, 30 s by
+default, for late nodes), and the workers start again and load the checkpoint. The bench
+does not measure a resume, so this is an assumption, listed in the plan."""
 
 
 @dataclass(kw_only=True)
@@ -59,6 +68,11 @@ class PlanRequest:
     sharding: Sharding | None = None
     """The job's FSDP settings (``distributed.strategy: fsdp``); each candidate shards over
     its own ranks. ``None``: DDP."""
+    elastic_nodes: tuple[int, int] | None = None
+    """The job's ``distributed.nodes`` (min, max): a candidate on more than min and at most
+    max nodes loses one node per interruption, not the whole job. ``None``: a fixed job."""
+    worker_restart_s: float = DEFAULT_WORKER_RESTART_S
+    """Seconds the survivors of an elastic job stand still at each membership change."""
 
 
 @dataclass(kw_only=True)
@@ -78,6 +92,9 @@ class Candidate:
     expected_interruptions: float = 0.0
     spot_savings_usd: float | None = None
     """What spot saves against on-demand for the same instances (spot rows only)."""
+    spot_cheapest: tuple[float, str] | None = None
+    """The cheapest zone's spot price per instance-hour and the zone, beside the median
+    zone's that the plan costs with (spot rows with zone prices only)."""
     dropped: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -94,6 +111,9 @@ class Candidate:
             "memory_bytes": None if p.memory is None else {**asdict(p.memory), "total_bytes": p.memory.total_bytes,
                                                            "host_bytes": p.memory.host_bytes},
             "sharding": p.sharding.describe() if p.sharding else None, "communication_bytes": p.communication_bytes,
+            "bound": p.bound, "calibrated_by": list(p.calibrated_by),
+            "spot_cheapest_usd_per_hour": self.spot_cheapest[0] if self.spot_cheapest else None,
+            "spot_cheapest_zone": self.spot_cheapest[1] if self.spot_cheapest else None,
         }  # fmt: skip
 
 
@@ -116,6 +136,7 @@ def row_target(row: InstanceRow, measurement: Measurement, nodes: int, efficienc
         device_memory_bytes=row.gpu_memory_gib * 2**30,
         host_memory_bytes=row.ram_gib * 2**30,
         efficiency=efficiency,
+        gpu_model=row.gpu_model,
     )
 
 
@@ -202,6 +223,8 @@ def _costed(row: InstanceRow, nodes: int, spot: bool, prediction: StepPrediction
                                  else "no spot price listed" if spot else "no on-demand price listed")  # fmt: skip
     else:
         candidate.usd_per_hour = price * nodes
+        if spot and row.spot_cheapest_usd_per_hour is not None and row.spot_cheapest_zone:
+            candidate.spot_cheapest = (row.spot_cheapest_usd_per_hour * nodes, row.spot_cheapest_zone)
         candidate.predicted_usd = candidate.usd_per_hour * hours
         candidate.usd_per_epoch = candidate.predicted_usd / request.epochs
         on_demand = row.price(False)
@@ -225,11 +248,42 @@ def _checkpoint_overhead_hours(hours: float, measurement: Measurement, request: 
 
 def _with_interruptions(hours: float, row: InstanceRow, nodes: int, measurement: Measurement,
                         request: PlanRequest) -> tuple[float, float]:  # fmt: skip
-    """(expected interruptions, hours including their cost); any one instance going stops the job."""
+    """(expected interruptions, hours including their cost), in hours of the whole job.
+
+    A fixed job stops whole when any instance goes: all nodes wait out the restart. An
+    elastic one keeps training on the others while the lost node is relaunched, so the
+    job is short of 1/nodes of its speed for the restart: ``restart_s / nodes`` of
+    whole-job time, one node's relaunch paid. Its workers stand still twice (shrink now,
+    grow back when the node returns). The work since the last checkpoint is lost alike.
+    """
     rate = interruption_rates(request).get(row.provider, DEFAULT_INTERRUPTIONS_PER_HOUR["aws"])
     interruptions = rate * hours * nodes
-    lost_s = request.restart_s + _work_lost_s(row, measurement, request)
+    if _keeps_training(nodes, request):
+        lost_s = request.restart_s / nodes + 2 * request.worker_restart_s
+    else:
+        lost_s = request.restart_s
+    lost_s += _work_lost_s(row, measurement, request)
     return interruptions, hours + interruptions * lost_s / 3600.0
+
+
+def _keeps_training(nodes: int, request: PlanRequest) -> bool:
+    """Whether an elastic job on ``nodes`` survives losing one (it stays at or above min)."""
+    return request.elastic_nodes is not None and request.elastic_nodes[0] < nodes <= request.elastic_nodes[1]
+
+
+def elastic_assumptions(request: PlanRequest) -> list[str]:
+    """The plan's line on an elastic job's interruptions (none for a fixed job)."""
+    if request.elastic_nodes is None:
+        return []
+    low, high = request.elastic_nodes
+    if low == high:
+        return [f"elastic job with distributed.nodes min = max = {low}: losing a node leaves too few, so the whole "
+                "job waits out the restart, as a fixed one does"]
+    survivable = f"{high}" if low + 1 == high else f"{low + 1}..{high}"
+    return [f"elastic job (distributed.nodes {low}..{high}): on {survivable} nodes an interruption costs one "
+            f"node's relaunch (the restart / N of whole-job time; the others train on) plus two stops of all "
+            f"workers of {request.worker_restart_s:g} s (shrink, grow back; assumed, the bench measures no resume); "
+            f"on other counts the whole job waits out the restart"]
 
 
 def interruption_rates(request: PlanRequest) -> dict[str, float]:

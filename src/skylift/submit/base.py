@@ -63,6 +63,8 @@ class SubmitRequest:
     """The request payload (JSON-able), or for SkyPilot the task YAML as a mapping."""
     extra: list[dict[str, Any]] = field(default_factory=list)
     """Objects sent before ``body`` (the ClusterTrainingRuntime of a TrainJob)."""
+    notes: list[str] = field(default_factory=list)
+    """What ``--dry-run`` says beside the request (whether the platform keeps an elastic job running)."""
 
 
 @dataclass(frozen=True)

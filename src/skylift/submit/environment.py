@@ -11,6 +11,9 @@ so the same command starts the right multi-node job on every platform with no fl
   ``RANK`` (node index), plus ``NPROC_PER_NODE`` (DLC) or ``GPU_NUM_PER_NODE`` (TI-ONE).
 * Kubeflow Trainer (and the v1 PyTorchJob) set ``PET_NNODES``, ``PET_NODE_RANK``,
   ``PET_NPROC_PER_NODE`` and ``PET_MASTER_ADDR``/``PET_MASTER_PORT`` (v1: ``MASTER_*``).
+  An elastic v1 PyTorchJob sets ``PET_NNODES=MIN:MAX`` and ``PET_RDZV_ENDPOINT`` instead
+  of a master and a rank: the topology is then ``nnodes`` MAX, node 0, the endpoint as
+  the master, and ``elastic_nodes`` (MIN, MAX).
 * SkyPilot sets ``SKYPILOT_NODE_IPS`` (head first), ``SKYPILOT_NODE_RANK``,
   ``SKYPILOT_NUM_NODES`` and ``SKYPILOT_NUM_GPUS_PER_NODE``; port ``MASTER_PORT`` if
   set, else 29500.
@@ -59,6 +62,10 @@ class PlatformTopology:
     node_level_variables: tuple[str, ...] = ()
     """Variables the platform sets per node that torchrun's workers read per process
     (``RANK``, ``WORLD_SIZE``): removed before the workers start."""
+    elastic_nodes: tuple[int, int] | None = None
+    """(MIN, MAX) when the platform runs an elastic job (``PET_NNODES=MIN:MAX``)."""
+    node_rank_unknown: bool = False
+    """The platform gave no node rank (an elastic PyTorchJob numbers nodes at rendezvous)."""
 
 
 def detect_platform_topology(environ: Mapping[str, str] | None = None,
@@ -86,7 +93,8 @@ def fill_from_platform(args: argparse.Namespace, environ: dict[str, str] | None 
     if found is not None:
         detected = {"nproc": found.nproc or _visible_gpus(), "nnodes": found.nnodes, "node_rank": found.node_rank,
                     "master_addr": found.master_addr, "master_port": found.master_port}
-        print(f"skylift: {found.platform} job ({found.source}): node {found.node_rank} of {found.nnodes}, "
+        elastic = f" (elastic {found.elastic_nodes[0]}:{found.elastic_nodes[1]})" if found.elastic_nodes else ""
+        print(f"skylift: {found.platform} job ({found.source}): node {found.node_rank} of {found.nnodes}{elastic}, "
               f"{detected['nproc']} process(es) per node, master {found.master_addr}:{found.master_port}",
               file=sys.stderr)
         for name in found.node_level_variables:
@@ -117,11 +125,24 @@ def _kubeflow(environ: Mapping[str, str]) -> PlatformTopology | None:
         return None
     address = environ.get("PET_MASTER_ADDR") or environ.get("MASTER_ADDR") or "127.0.0.1"
     port = _optional_integer(environ, "PET_MASTER_PORT") or _optional_integer(environ, "MASTER_PORT")
+    elastic = _node_range(environ["PET_NNODES"]) if ":" in environ["PET_NNODES"] else None
+    if elastic is not None and environ.get("PET_RDZV_ENDPOINT"):
+        address, _, endpoint_port = environ["PET_RDZV_ENDPOINT"].rpartition(":")
+        port = _integer({"PET_RDZV_ENDPOINT": endpoint_port}, "PET_RDZV_ENDPOINT")
+    nnodes = elastic[1] if elastic else _integer(environ, "PET_NNODES")
     # "auto", "gpu" or "cpu" leave the count to the visible devices.
-    return PlatformTopology("Kubeflow", "PET_* variables", _integer(environ, "PET_NNODES"),
+    return PlatformTopology("Kubeflow", "PET_* variables", nnodes,
                             _optional_integer(environ, "PET_NODE_RANK") or 0, address, port,
                             _optional_integer(environ, "PET_NPROC_PER_NODE"),
-                            node_level_variables=("RANK", "WORLD_SIZE"))
+                            node_level_variables=("RANK", "WORLD_SIZE"), elastic_nodes=elastic,
+                            node_rank_unknown=elastic is not None and "PET_NODE_RANK" not in environ)
+
+
+def _node_range(value: str) -> tuple[int, int]:
+    low, _, high = value.partition(":")
+    if not (low.isdigit() and high.isdigit()) or int(low) > int(high):
+        raise SkyliftConfigError(f"the platform set PET_NNODES={value!r}, which is neither a whole number nor MIN:MAX")
+    return int(low), int(high)
 
 
 def _skypilot(environ: Mapping[str, str]) -> PlatformTopology | None:

@@ -8,6 +8,12 @@ to ``max_restarts``) and ``skylift run --resume auto`` continues from the checkp
 Other failures (exit 1-127) fail the job at once. The v1 ``PyTorchJob`` gets the same
 contract from ``restartPolicy: ExitCode`` (128-255 retried, 1-127 permanent).
 
+An elastic job (``distributed.nodes``) keeps training when one pod goes: the v1
+``PyTorchJob`` gets an ``elasticPolicy`` (Worker pods only, as the operator requires;
+its rendezvous is ``<job>-worker-0``), and a TrainJob runs on an ``-elastic`` runtime
+whose ``podFailurePolicy`` recreates the lost pod (``Ignore``) instead of failing its Job,
+which would restart the whole JobSet (:mod:`skylift.submit.elastic` says which is which).
+
 Spot scheduling per managed cluster: EKS with Karpenter (``karpenter.sh/capacity-type``),
 GKE (``cloud.google.com/gke-spot``), AKS (``kubernetes.azure.com/scalesetpriority``,
 with the taint AKS puts on spot pools). ACK and TKE publish no standard spot node
@@ -20,9 +26,11 @@ import os
 from typing import Any
 
 from skylift.errors import SkyliftConfigError
+from skylift.config.distributed import ElasticNodes
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, import_sdk, vendor_errors
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit import elastic
 from skylift.submit.spec import JobSpec
 
 __all__ = ["SPOT_SCHEDULING", "build", "logs", "problems", "send", "status", "stop"]
@@ -63,12 +71,15 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require(request_problems("k8s", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    require([*request_problems("k8s", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+             *elastic.problems(job)])
     target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
+    notes = elastic.notes("k8s", job, api=options.kubernetes.api)
     if options.kubernetes.api == "pytorchjob":
-        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job))
+        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job), notes=notes)
     runtime = _cluster_training_runtime(job)
-    return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]), [runtime])
+    return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]), [runtime],
+                         notes=notes)
 
 
 def grace_period_s(options: SubmitConfig) -> int:
@@ -103,9 +114,30 @@ def _resources(options: SubmitConfig) -> dict[str, Any] | None:
     return {"limits": {"nvidia.com/gpu": str(options.gpus_per_node)}}
 
 
-def _runtime_name(options: SubmitConfig) -> str:
+def _runtime_name(job: JobSpec) -> str:
+    options = job.options
     base = options.kubernetes.runtime_name
-    return f"{base}-spot-{options.kubernetes.cloud}" if options.spot else base
+    name = f"{base}-spot-{options.kubernetes.cloud}" if options.spot else base
+    return f"{name}-elastic" if job.nodes is not None else name
+
+
+def _jobset_rules(job: JobSpec) -> list[dict[str, Any]]:
+    fail = {"name": "fail-on-error", "action": "FailJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]}
+    if job.nodes is not None:
+        return [fail]  # a preempted pod is recreated by its Job: the JobSet never restarts for one
+    return [{"name": "restart-on-preemption", "action": "RestartJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            fail]
+
+
+def _pod_failure_rules(job: JobSpec) -> list[dict[str, Any]]:
+    # Saved-and-exited after SIGTERM (143) or evicted by a node disruption: a preemption.
+    # A fixed job fails its Job for the JobSet to restart whole; an elastic one has the
+    # Job recreate just that pod, while the others train on at the smaller size.
+    action = "Ignore" if job.nodes is not None else "FailJob"
+    return [
+        {"action": action, "onExitCodes": {"containerName": "node", "operator": "In", "values": [EXIT_REQUEUE]}},
+        {"action": action, "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
 
 
 def _cluster_training_runtime(job: JobSpec) -> dict[str, Any]:
@@ -115,33 +147,22 @@ def _cluster_training_runtime(job: JobSpec) -> dict[str, Any]:
     job_template = {
         "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
         "spec": {
-            "backoffLimit": 0,
-            # Saved-and-exited after SIGTERM (143) or evicted by a node disruption: a
-            # preemption, which the JobSet restarts; anything else fails the job.
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
-                                                      "values": [EXIT_REQUEUE]}},
-                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
+            "backoffLimit": 0,  # anything but a preemption fails the job
+            "podFailurePolicy": {"rules": _pod_failure_rules(job)},
             "template": {"spec": pod_spec},
         },
     }
     return {
         "apiVersion": "/".join(TRAINER_API),
         "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": _runtime_name(options), "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "metadata": {"name": _runtime_name(job), "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {"spec": {
                 "failurePolicy": {
                     "maxRestarts": options.kubernetes.max_restarts,
                     "restartStrategy": "Recreate",
-                    "rules": [
-                        {"name": "restart-on-preemption", "action": "RestartJobSet",
-                         "onJobFailureReasons": ["PodFailurePolicy"]},
-                        {"name": "fail-on-error", "action": "FailJobSet",
-                         "onJobFailureReasons": ["BackoffLimitExceeded"]},
-                    ],
+                    "rules": _jobset_rules(job),
                 },
                 "replicatedJobs": [{"name": "node", "replicas": 1, "template": job_template}],
             }},
@@ -184,19 +205,37 @@ def _pytorch_job(job: JobSpec) -> dict[str, Any]:
         # ExitCode: 1-127 permanent, 128-255 (our 143 after SIGTERM) retried.
         return {"replicas": count, "restartPolicy": "ExitCode", "template": template}
 
-    specs = {"Master": replicas(1)}
-    if options.instance_count > 1:
-        specs["Worker"] = replicas(options.instance_count - 1)
+    if job.nodes is not None:
+        specs = {"Worker": replicas(options.instance_count)}  # elastic: Workers only, the operator requires it
+    else:
+        specs = {"Master": replicas(1)}
+        if options.instance_count > 1:
+            specs["Worker"] = replicas(options.instance_count - 1)
+    spec: dict[str, Any] = {
+        "nprocPerNode": str(options.gpus_per_node) if options.gpus_per_node else "auto",
+        "runPolicy": {"backoffLimit": options.kubernetes.max_restarts, "cleanPodPolicy": "None",
+                      "activeDeadlineSeconds": options.max_runtime_s},
+        "pytorchReplicaSpecs": specs,
+    }
+    if job.nodes is not None:
+        spec["elasticPolicy"] = _elastic_policy(job.name, job.nodes)
     return {
         "apiVersion": "/".join(TRAINING_OPERATOR_API),
         "kind": "PyTorchJob",
         "metadata": {"name": job.name, "namespace": options.kubernetes.namespace},
-        "spec": {
-            "nprocPerNode": str(options.gpus_per_node) if options.gpus_per_node else "auto",
-            "runPolicy": {"backoffLimit": options.kubernetes.max_restarts, "cleanPodPolicy": "None",
-                          "activeDeadlineSeconds": options.max_runtime_s},
-            "pytorchReplicaSpecs": specs,
-        },
+        "spec": spec,
+    }
+
+
+def _elastic_policy(name: str, nodes: ElasticNodes) -> dict[str, Any]:
+    """The operator turns it into the pods' PET_NNODES=MIN:MAX, PET_RDZV_BACKEND, PET_RDZV_ENDPOINT
+    (``<job>-worker-0`` at the container's ``pytorchjob-port``), PET_RDZV_ID and PET_MAX_RESTARTS."""
+    return {
+        "minReplicas": nodes.min,
+        "maxReplicas": nodes.max,
+        "rdzvBackend": "c10d",
+        "rdzvId": name,  # one rendezvous per submission: a resubmitted job does not meet the old one
+        "maxRestarts": nodes.max_failures,
     }
 
 

@@ -29,6 +29,8 @@ def request_document(request: SubmitRequest) -> dict[str, Any]:
     }
     if request.extra:
         document["applied_first"] = request.extra
+    if request.notes:
+        document["notes"] = request.notes
     return redact(document)
 
 
@@ -39,6 +41,8 @@ def print_request(request: SubmitRequest, *, as_json: bool) -> None:
         return
     name = MODULES[request.platform][1]
     print(f"skylift submit --dry-run: {name} {request.operation} -> {request.target}; nothing was sent")
+    for note in request.notes:
+        print(f"skylift submit --dry-run: {note}")
     if request.platform in _YAML_PLATFORMS:
         documents = [*document.get("applied_first", []), document["request"]]
         print(yaml.safe_dump_all(documents, sort_keys=False), end="")

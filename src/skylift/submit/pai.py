@@ -21,6 +21,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit import elastic
 from skylift.submit.spec import JobSpec
 
 __all__ = [
@@ -70,7 +71,8 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require(request_problems("pai", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    require([*request_problems("pai", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+             *elastic.problems(job)])
     checkpoint_uri = job.checkpoint_root
     sources = [{"Uri": checkpoint_uri + "/", "MountPath": CHECKPOINT_MOUNT, "MountAccess": "RW"}]
     overrides = {"checkpoint.root": CHECKPOINT_MOUNT, **job.grace_overrides(RECLAIM_GRACE_S)}
@@ -101,7 +103,8 @@ def build(job: JobSpec) -> SubmitRequest:
         body["WorkspaceId"] = options.pai.workspace_id
     if options.pai.resource_id:
         body["ResourceId"] = options.pai.resource_id
-    return SubmitRequest("pai", "CreateJob", options.pai.endpoint or f"pai-dlc {options.region or '(region?)'}", body)
+    target = options.pai.endpoint or f"pai-dlc {options.region or '(region?)'}"
+    return SubmitRequest("pai", "CreateJob", target, body, notes=elastic.notes("pai", job))
 
 
 def _spot_spec(options: SubmitConfig) -> dict[str, Any]:

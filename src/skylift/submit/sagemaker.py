@@ -25,6 +25,7 @@ from skylift.submit.base import (
 )
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit import elastic
 from skylift.submit.spec import JobSpec, parse_store_url
 
 __all__ = [
@@ -73,7 +74,8 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require(request_problems("sagemaker", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    require([*request_problems("sagemaker", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+             *elastic.problems(job)])
     role_arn = options.sagemaker.role_arn
     checkpoint_uri = job.checkpoint_root
     _, bucket, _ = parse_store_url(checkpoint_uri)
@@ -106,7 +108,7 @@ def build(job: JobSpec) -> SubmitRequest:
     if channels:
         body["InputDataConfig"] = channels
     target = options.sagemaker.endpoint_url or f"sagemaker {options.region or '(default region)'}"
-    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body)
+    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body, notes=elastic.notes("sagemaker", job))
 
 
 def _checkpointing(job: JobSpec, checkpoint_uri: str) -> tuple[dict[str, str] | None, dict[str, str]]:

@@ -22,6 +22,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, PlatformError, SubmitRequest
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit import elastic
 from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "logs", "problems", "send", "status", "stop", "task_yaml"]
@@ -45,7 +46,8 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require(request_problems("skypilot", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    require([*request_problems("skypilot", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+             *elastic.problems(job)])
     resources: dict[str, Any] = {
         "image_id": f"docker:{options.image}",
         "use_spot": options.spot,
@@ -72,7 +74,8 @@ def build(job: JobSpec) -> SubmitRequest:
         "setup": "skylift --version",
         "run": job.shell_command(),
     }
-    return SubmitRequest("skypilot", "sky jobs launch", "SkyPilot API server (sky jobs)", task)
+    return SubmitRequest("skypilot", "sky jobs launch", "SkyPilot API server (sky jobs)", task,
+                         notes=elastic.notes("skypilot", job))
 
 
 def _is_accelerator(name: str) -> bool:

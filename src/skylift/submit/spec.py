@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from skylift.config.distributed import ElasticNodes
 from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
 from skylift.submit.checks import common_problems, parse_store_url, request_problems, require
@@ -58,6 +59,8 @@ class JobSpec:
     """A script job's command in the image (``python train.py ARGS``); empty for a config job."""
     run_dir: str | None = None
     """A script job's run folder, given to the script as ``SKYLIFT_RUN_DIR``."""
+    nodes: ElasticNodes | None = None
+    """The config's ``distributed.nodes`` (an elastic job); ``None``: a fixed node count."""
 
     @property
     def envs(self) -> dict[str, str]:
@@ -180,6 +183,7 @@ def job_spec_from(config: Any, options: SubmitConfig, config_path: str, run_over
         val_url=config.data.val_url,
         run_overrides=tuple(run_overrides),
         grace_s=config.preemption.grace_s,
+        nodes=config.distributed.nodes,
     )
 
 

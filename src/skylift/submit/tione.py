@@ -27,6 +27,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
 from skylift.cloud.redact import is_secret_name
 from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit import elastic
 from skylift.submit.spec import JobSpec, parse_store_url
 
 __all__ = ["OBJECT_STORES", "build", "logs", "problems", "send", "status", "stop"]
@@ -72,7 +73,8 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require(request_problems("tione", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls))
+    require([*request_problems("tione", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+             *elastic.problems(job)])
     checkpoint_uri = job.checkpoint_root
     data_configs, overrides = _data_configs(job)
     envs = {"SKYLIFT_PLATFORM": "tione", "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
@@ -99,7 +101,7 @@ def build(job: JobSpec) -> SubmitRequest:
     if options.tione.resource_group_id:
         body["ResourceGroupId"] = options.tione.resource_group_id
     target = options.tione.endpoint or f"tione.tencentcloudapi.com {options.region}"
-    return SubmitRequest("tione", "CreateTrainingTask", target, body)
+    return SubmitRequest("tione", "CreateTrainingTask", target, body, notes=elastic.notes("tione", job))
 
 
 def _data_configs(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:

@@ -3,8 +3,9 @@
 skylift builds torchrun's arguments and calls ``torch.distributed.run`` in this
 process, so it is exactly torchrun underneath: same rendezvous, same environment,
 same failure handling. Static rendezvous (``--master-addr/--master-port``) is used
-because with ``--rdzv-backend c10d`` torchrun ignores ``--node-rank`` and numbers
-nodes by join order.
+for a fixed node count because with ``--rdzv-backend c10d`` torchrun ignores
+``--node-rank`` and numbers nodes by join order; an elastic count (``--nnodes MIN:MAX``)
+takes c10d (:mod:`skylift.train.elastic`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from skylift.config.distributed import ElasticNodes
     from skylift.machine.facts import Facts
 
 __all__ = ["Topology", "image_script_command", "launch_workers", "script_arguments", "torchrun_arguments"]
@@ -38,6 +40,17 @@ class Topology:
     grace_s: float | None = None
     """Seconds between forwarding SIGTERM to the workers and killing them; None: the
     detected cloud's notice window (30 s off-cloud), not torchrun's fixed 30 s."""
+    elastic: ElasticNodes | None = None
+    """An elastic node count (``nnodes`` is then its ``max``); None: exactly ``nnodes``."""
+    rendezvous_host_by_name: bool = False
+    """Elastic only: whether this node hosts the rendezvous is decided by torch from the
+    endpoint's host name (the platform gave no node rank), not by ``node_rank == 0``."""
+
+    @property
+    def local_addr(self) -> str | None:
+        """This agent's address in an elastic rendezvous: the master's on loopback (one
+        machine), else None (torchrun takes the host's name)."""
+        return self.master_addr if self.elastic is not None and _is_loopback(self.master_addr) else None
 
     def resolved_grace_s(self) -> float:
         if self.grace_s is not None:
@@ -60,6 +73,8 @@ class Topology:
             problems.append(f"--nnodes must be >= 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
             problems.append(f"--node-rank must be in [0, {self.nnodes - 1}], got {self.node_rank}")
+        if self.elastic is not None and self.nnodes != self.elastic.max:
+            problems.append(f"--nnodes {self.nnodes} and the elastic maximum {self.elastic.max} disagree")
         if self.nnodes > 1 and self.master_port is None:
             problems.append("--master-port is required with --nnodes > 1 (the same port on every node)")
         if self.nnodes > 1 and self.master_addr in ("127.0.0.1", "localhost"):
@@ -116,6 +131,10 @@ def image_script_command(command: list[str] | tuple[str, ...], project: Path, *,
 def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) -> list[str]:
     """torchrun's argv for ``entry`` (a module and its args when ``module``, else a script)."""
     port = topology.master_port or _free_port()
+    if topology.elastic is not None:
+        from skylift.train.elastic import elastic_torchrun_arguments
+
+        return elastic_torchrun_arguments(topology, entry, module=module, port=port)
     argv = [
         f"--nproc-per-node={topology.nproc}",
         f"--nnodes={topology.nnodes}",
@@ -156,6 +175,10 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     if facts is not None:
         _apply_nccl_settings(facts, topology)
+    if topology.elastic is not None:
+        from skylift.train.elastic import launch_elastic
+
+        return launch_elastic(topology, entry, module=module, port=topology.master_port or _free_port())
     args = get_args_parser().parse_args(torchrun_arguments(topology, entry, module=module))
     try:
         run(args)

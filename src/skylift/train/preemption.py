@@ -40,7 +40,8 @@ class PreemptionWatch:
             cloud = detect_cloud()
         self._restore_signals = _install_signals(watch_signals, self._on_notice, self.config.grace_s)
         if cloud is not None and self.local_rank == 0:
-            self._watcher = NoticeWatcher(self._on_notice, cloud=cloud, poll_interval_s=self.config.poll_interval_s)
+            self._watcher = NoticeWatcher(self._on_cloud_notice, cloud=cloud,
+                                          poll_interval_s=self.config.poll_interval_s)
             self._watcher.start()
             log.info("watching %s spot/preemption notices", cloud)
 
@@ -51,6 +52,15 @@ class PreemptionWatch:
         if self._restore_signals is not None:
             self._restore_signals()
             self._restore_signals = None
+
+    def _on_cloud_notice(self, notice: Any) -> None:
+        if notice.kind != "rebalance":
+            # In an elastic job this node leaves after the save and the others continue;
+            # a SIGTERM needs no marker (it reaches the agent too, which then exits).
+            from skylift.train.elastic_environment import write_notice_marker
+
+            write_notice_marker()
+        self._on_notice(notice)
 
     def _on_notice(self, notice: Any) -> None:
         if notice.kind == "rebalance":

@@ -41,6 +41,7 @@ from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
 from skylift.run_dir import RunDirectory
+from skylift.train.membership import MembershipWatch
 from skylift.train.preemption import PreemptionWatch
 
 __all__ = ["RunServices", "seed_everything"]
@@ -94,6 +95,9 @@ class RunServices:
             self.events.add(ProgressBar(self.metrics))
         for callback in callbacks:
             self.events.add(callback)
+        self.membership = MembershipWatch(context, self.metrics.write_event) if MembershipWatch.wanted() else None
+        if self.membership is not None:  # an elastic job's worker (skylift.train.elastic)
+            self.events.add(self.membership)
         # Collectives for step-boundary decisions run on their own gloo group, so they
         # never queue behind (or stall) the NCCL gradient traffic.
         control_group = dist.new_group(backend="gloo") if context.is_distributed else None
@@ -143,6 +147,11 @@ class RunServices:
         self._refuse_past_budget()
         if self.checkpointing is not None:
             self.resumed_from_step = self.checkpointing.resume(objects, state)
+            if self.membership is not None and self.resumed_from_step is not None:
+                from skylift.checkpoint.manifest import read_manifest
+
+                self.membership.resumed(self.resumed_from_step,
+                                        read_manifest(self.checkpointing.store, self.resumed_from_step))
         self.start(state)
         return self.resumed_from_step
 

@@ -1,0 +1,56 @@
+"""The quickstart's recipe, logging the ids of the samples each micro-batch trains on.
+
+Each process appends one line per micro-batch (the ids, space-separated) to a file of its
+own in ``SKYLIFT_TEST_SAMPLE_LOG``. Ids are logged where the loss is computed, not where
+the loader fetches (it fetches ahead), so a stop at a step boundary logs exactly what
+was trained."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from skylift.recipes.image_classification import ImageClassification
+
+LOG_VARIABLE = "SKYLIFT_TEST_SAMPLE_LOG"
+
+
+class _WithIds(Dataset):
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        image, label = self.inner[index]
+        return image, label, index
+
+
+class SampleLoggedClassification(ImageClassification):
+    def build_datasets(self):  # noqa: ANN201 - DatasetSplit
+        split = super().build_datasets()
+        return dataclasses.replace(split, train=_WithIds(split.train))
+
+    def training_loss(self, model, batch):  # noqa: ANN001, ANN201
+        images, labels, ids = batch
+        loss = super().training_loss(model, (images, labels))
+        folder = os.environ.get(LOG_VARIABLE)
+        # A loss on the meta device is the monitor's FLOP count of the step, not training.
+        if folder and loss.device.type != "meta":
+            with (Path(folder) / f"samples-{os.getpid()}.txt").open("a") as log:
+                log.write(" ".join(str(int(index)) for index in ids) + "\n")
+        return loss
+
+
+def logged_samples(folder: Path) -> list[int]:
+    """Every sample id the processes logged, all attempts together."""
+    ids: list[int] = []
+    for path in sorted(folder.glob("samples-*.txt")):
+        for line in path.read_text().splitlines():
+            ids += [int(part) for part in line.split()]
+    return ids

@@ -23,6 +23,8 @@ def test_bench_on_the_quickstart_writes_a_valid_measurement(tmp_path):
     assert abs(sum(saved.breakdown_s.values()) - saved.step_time_s) < 1e-9
     assert saved.flops_per_sample and saved.model_bytes and saved.checkpoint_save_s is not None
     assert saved.peak_host_memory_bytes and saved.allreduce_bytes_per_s
+    # The loader's own CPU time per sample, the input term a GPU prediction uses (not the wall time).
+    assert saved.input_cpu_s_per_sample is not None and saved.input_cpu_s_per_sample > 0
     # Memory traffic from the meta trace; its FLOPs, summed op by op, are the run's own count.
     assert saved.memory_bytes_per_sample > saved.memory_op_bytes_per_sample > 0
     from skylift.config import load_config

@@ -82,13 +82,28 @@ def test_given_efficiency_replaces_the_measured_one():
     assert prediction.parts_s["compute"] == pytest.approx(1e9 * 64 / (30.3e12 * 0.5))
 
 
-def test_multi_node_allreduce_uses_nvlink_inside_and_network_between():
-    m = measurement()
+def test_multi_node_allreduce_uses_nvlink_inside_and_network_between_under_backward():
+    # No input time: the bound is then between compute and communication.
+    m = measurement(breakdown_s={"data_wait": 0.0, "host_to_device": 0.0, "forward_backward": 0.6,
+                                 "communication": 0.0, "optimizer": 0.2, "checkpoint": 0.0, "other": 0.2})  # fmt: skip
     row = next(row for row in load_catalog() if row.instance_type == "p4d.24xlarge")  # 8 GPUs, 600 GB/s, 400 Gb/s
     prediction = predict_step(m, row_target(row, m, nodes=2, efficiency=None))
-    inside = 2 * 7 / 8 * m.model_bytes / 300e9
-    between = 2 * 1 / 2 * m.model_bytes / 50e9
-    assert prediction.parts_s["communication"] == pytest.approx(inside + between)
+
+    def ring(size: float) -> float:
+        return 2 * 7 / 8 * size / 300e9 + 2 * 1 / 2 * size / 50e9
+
+    total, last_bucket = ring(m.model_bytes), ring(25 * 2**20)
+    backward = prediction.parts_s["compute"] * 2 / 3  # backward: two thirds of forward + backward
+    assert prediction.parts_s["communication"] == pytest.approx(last_bucket + max(0.0, total - last_bucket - backward))
+    assert prediction.parts_s["communication"] < total
+    assert prediction.bound == ("communication-bound" if total > backward else "compute-bound")
+
+
+def test_a_cpu_allreduce_is_counted_in_full():
+    m = measurement()
+    prediction = predict_step(m, local_target(m, 2))
+    assert prediction.parts_s["communication"] == pytest.approx(2 * 1 / 2 * m.model_bytes / 1e9)
+    assert prediction.bound is None
 
 
 def test_memory_fit_raises_accumulation_then_drops():

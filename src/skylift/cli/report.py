@@ -11,7 +11,7 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (holds metrics.jsonl)")
     parser.add_argument("--output", default=None, metavar="DIR", help="where to write (default RUN_DIR/report)")
-    parser.add_argument("--json", action="store_true", help='print {"html", "pngs", "diagnosis"} as JSON')
+    parser.add_argument("--json", action="store_true", help='print {"html", "pngs", "diagnosis", "flops"} as JSON')
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -21,16 +21,21 @@ def execute(args: argparse.Namespace) -> int:
     if not (run_dir / "metrics.jsonl").is_file():
         print(missing_metrics_message("skylift report", run_dir), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    from skylift.monitor.report import diagnosis_lines, write_report
+    from skylift.monitor.report import diagnosis_lines, membership_lines, write_report
 
     report = write_report(run_dir, args.output)
     if args.json:
         print(json.dumps({"html": str(report.html_path), "pngs": [str(p) for p in report.png_paths],
-                          "diagnosis": report.diagnosis}, indent=2))
+                          "diagnosis": report.diagnosis,
+                          "flops": report.flops.as_dict() if report.flops is not None else None}, indent=2))
         return 0
     print(f"report: {report.html_path}")
+    for line in membership_lines(report.membership):
+        print(f"membership: {line}")
     for line in diagnosis_lines(report.diagnosis, report.diagnosis_note):
         print(f"diagnosis: {line}")
+    for name, shown in report.flops.rows() if report.flops is not None else ():
+        print(f"{name}: {shown}")
     return 0
 
 

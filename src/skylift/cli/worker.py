@@ -32,11 +32,14 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
         print(f"skylift run: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if trainer.runtime.dist.is_main:
-        report = trainer.report
+        from skylift.monitor.flop_figures import run_dir_flop_figures
+
+        report, flops = trainer.report, run_dir_flop_figures(trainer.run_dir.root)
         if as_json:
-            print(json.dumps({**summary.as_dict(), **_report_fields(report)}, indent=2))
+            print(json.dumps({**summary.as_dict(), **_report_fields(report), **(flops.as_dict() if flops else {})},
+                             indent=2))
         else:
-            print_summary(summary, report)
+            print_summary(summary, report, flops)
     if summary.stopped_early is None:
         return 0
     from skylift.loop.agreement import StopReason
@@ -61,8 +64,9 @@ def _report_fields(report) -> dict:  # noqa: ANN001 - Report | None
     return {"report": str(report.html_path), "diagnosis": report.diagnosis}
 
 
-def print_summary(summary, report=None) -> None:  # noqa: ANN001 - RunSummary, Report
+def print_summary(summary, report=None, flops=None) -> None:  # noqa: ANN001 - RunSummary, Report, FlopFigures
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="skylift: run finished", show_header=False, title_justify="left")
@@ -74,6 +78,8 @@ def print_summary(summary, report=None) -> None:  # noqa: ANN001 - RunSummary, R
     table.add_row("train time", f"{summary.train_time_s:.1f} s")
     table.add_row("precision", f"{summary.precision} ({summary.precision_reason})")
     table.add_row("processes", f"{summary.world_size} on {summary.device}")
+    for name, shown in flops.rows() if flops is not None else ():
+        table.add_row(name, escape(shown))
     if summary.resumed_from_step is not None:
         table.add_row("resumed from", f"step {summary.resumed_from_step}")
     if summary.stopped_early:
@@ -83,8 +89,6 @@ def print_summary(summary, report=None) -> None:  # noqa: ANN001 - RunSummary, R
     table.add_row("run folder", summary.run_dir)
     if report is not None:
         from skylift.monitor.report import diagnosis_lines
-
-        from rich.markup import escape
 
         for index, line in enumerate(diagnosis_lines(report.diagnosis, report.diagnosis_note)):
             table.add_row("diagnosis" if index == 0 else "", escape(line))  # "[warn]" is text, not markup

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -24,7 +25,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from skylift.machine.gpus import gpu_spec
 
-__all__ = ["Peak", "count_step_flops", "device_peak", "explain_step_flops", "measure_cpu_peak_flops"]
+__all__ = [
+    "Peak", "SequenceFlops", "count_step_flops", "device_peak", "explain_step_flops", "fit_sequence_flops",
+    "measure_cpu_peak_flops", "padded_shape",
+]
 
 log = logging.getLogger("skylift")
 
@@ -115,6 +119,75 @@ def explain_step_flops(
     if total <= 0:
         return None, "the step ran no matmul, convolution or attention (the ops FlopCounterMode counts)"
     return total, "counted on meta"
+
+
+@dataclass(frozen=True)
+class SequenceFlops:
+    """Training FLOPs of one sequence padded to ``S`` tokens: ``per_token * S + per_token_pair * S**2 + fixed``.
+
+    Exact for models whose counted ops are matmuls over a token axis (linear layers:
+    ``S``), attention (``S**2``) and per-sequence heads (``fixed``), which is every
+    BERT-family encoder and decoder: the three coefficients come from three exact
+    counts, so the formula reproduces the count at every length.
+    """
+
+    per_token: Fraction
+    per_token_pair: Fraction
+    fixed: Fraction
+    counted_lengths: tuple[int, int, int]
+
+    def batch_flops(self, sequences: int, length: int) -> float:
+        """FLOPs of a micro-batch of ``sequences`` sequences padded to ``length`` tokens."""
+        return float(sequences * (self.per_token * length + self.per_token_pair * length**2 + self.fixed))
+
+    def as_record(self) -> dict[str, Any]:
+        return {"per_token": float(self.per_token), "per_token_pair": float(self.per_token_pair),
+                "fixed": float(self.fixed), "counted_lengths": list(self.counted_lengths)}  # fmt: skip
+
+
+def padded_shape(batch: Any) -> tuple[int, int] | None:
+    """(sequences, padded length) of a text batch: its first two-dimensional tensor (the token ids)."""
+    for value in tree_flatten(batch)[0]:
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            return int(value.shape[0]), int(value.shape[1])
+    return None
+
+
+def fit_sequence_flops(
+    module: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+) -> tuple[SequenceFlops | None, str]:
+    """Count ``batch`` cut to three lengths (every tensor of its padded length, cut on that
+    axis) and solve for :class:`SequenceFlops`; ``(None, why not)`` when it cannot.
+
+    Under a token budget every micro-batch has its own length, so FLOPs per sample of the
+    first one would misstate the others (BERT at 29 and at 128 tokens: 2.2x apart).
+    """
+    shape = padded_shape(batch)
+    if shape is None or shape[1] < 3:
+        return None, f"no token axis to fit FLOPs over (first 2-D tensor's shape: {shape})"
+    sequences, length = shape
+    lengths = (length, max(1, length // 2), 1) if length >= 4 else (3, 2, 1)
+    counts = []
+    for cut in lengths:
+        flops, reason = explain_step_flops(module, _cut(batch, length, cut), loss_fn)
+        if flops is None:
+            return None, reason
+        counts.append(Fraction(int(flops), sequences))
+    # Three equations c_i = a*L_i + b*L_i^2 + f in exact rationals (the counts are integers).
+    (l1, l2, l3), (c1, c2, c3) = lengths, counts
+    b = ((c1 - c2) / (l1 - l2) - (c2 - c3) / (l2 - l3)) / (l1 - l3)
+    a = (c1 - c2) / (l1 - l2) - b * (l1 + l2)
+    fixed = c1 - a * l1 - b * l1**2
+    return SequenceFlops(a, b, fixed, lengths), "counted on meta at three lengths"
+
+
+def _cut(batch: Any, length: int, cut: int) -> Any:
+    def shorten(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length:
+            return value[:, :cut]
+        return value
+
+    return tree_map(shorten, batch)
 
 
 class _MetaWins(TorchDispatchMode):

@@ -74,6 +74,9 @@ class MetricsLogger(Callback):
         self._peak_flops_per_s: float | None = None
         self._world_size = 1
         self._samples_at_interval_start = 0
+        self._flops_by_step = False
+        self._step_flops = 0.0
+        self._pending_flops: list[float] = []
 
     def set_flops(self, flops_per_sample: float, peak_flops_per_s: float, world_size: int = 1) -> None:
         """Turn on MFU: model FLOPs per training sample (forward + backward), one device's peak.
@@ -84,6 +87,17 @@ class MetricsLogger(Callback):
         self._flops_per_sample = flops_per_sample
         self._peak_flops_per_s = peak_flops_per_s
         self._world_size = world_size
+
+    def count_flops_by_step(self, peak_flops_per_s: float | None, world_size: int = 1) -> None:
+        """Turn on MFU from each step's own FLOPs (:meth:`add_flops`), for batches whose
+        cost per sample varies (token budgets); ``peak_flops_per_s`` ``None``: FLOPs only."""
+        self._flops_by_step = True
+        self._peak_flops_per_s = peak_flops_per_s
+        self._world_size = world_size
+
+    def add_flops(self, flops: float) -> None:
+        """FLOPs of one micro-batch of this rank, added to the current step."""
+        self._step_flops += flops
 
     def queue_remote(self, record: dict[str, Any]) -> None:
         """Hold a record of another node (its system samples) until the next gather."""
@@ -122,6 +136,9 @@ class MetricsLogger(Callback):
             values = [breakdown[phase] for phase in BREAKDOWN_PHASES]
             self._pending_breakdowns.append(torch.tensor(values, dtype=torch.float64))
         self._pending.append(record)
+        if self._flops_by_step:
+            self._pending_flops.append(self._step_flops)
+            self._step_flops = 0.0
         scalars = state.extra.get("scalars")
         if scalars:
             names = sorted(scalars)
@@ -171,15 +188,17 @@ class MetricsLogger(Callback):
         # The samples the interval really took (token-budget steps vary in size).
         samples = state.samples_seen - self._samples_at_interval_start
         samples_per_s = samples / elapsed if elapsed > 0 else 0.0
-        mfu = self._mfu(samples, elapsed)
-        flops_per_step = self._flops_per_sample * samples / (len(rows) * self._world_size) if mfu else None
+        step_flops = self._steps_flops(len(rows), samples, values.device)
+        mfu = self._mfu(step_flops, elapsed)
         with self._lock:
-            for record, (loss, grad_norm) in zip(self._pending, rows, strict=True):
+            for record, (loss, grad_norm), flops in zip(self._pending, rows, step_flops, strict=True):
                 record.update(loss=loss, samples_per_s=round(samples_per_s, 2), time=time.time())
                 if state.grad_norm is not None:
                     record["grad_norm"] = grad_norm
+                if flops is not None:
+                    record["flops_per_step"] = flops
                 if mfu is not None:
-                    record.update(mfu=round(mfu, 5), flops_per_step=flops_per_step)
+                    record["mfu"] = round(mfu, 5)
                 if "breakdown_s" in record and by_rank:
                     record["breakdown_by_rank_s"] = by_rank.pop(0)
                 self._write(record)
@@ -212,10 +231,26 @@ class MetricsLogger(Callback):
                 record[name] = next(flat)
                 self._scalar(f"train/{name}", record[name], record["step"])
 
-    def _mfu(self, samples: int, elapsed_s: float) -> float | None:
-        if self._flops_per_sample is None or not self._peak_flops_per_s or elapsed_s <= 0:
+    def _steps_flops(self, steps: int, samples: int, device: torch.device) -> list[float | None]:
+        """One rank's FLOPs of each pending step (the mean over ranks): counted per step, or
+        FLOPs per sample times the interval's samples, spread evenly over its steps."""
+        if not self._flops_by_step:
+            if self._flops_per_sample is None or not self._peak_flops_per_s:
+                return [None] * steps
+            return [self._flops_per_sample * samples / (steps * self._world_size)] * steps
+        counted, self._pending_flops = self._pending_flops, []
+        if dist.is_available() and dist.is_initialized():
+            # float64: FLOP counts are integers, exact below 2**53 (9e15 per step per rank).
+            summed = torch.tensor(counted, dtype=torch.float64, device=device)
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+            counted = (summed / dist.get_world_size()).tolist()
+        return [None] * (steps - len(counted)) + counted
+
+    def _mfu(self, step_flops: list[float | None], elapsed_s: float) -> float | None:
+        """One rank's FLOPs over the interval / (its seconds x one device's peak)."""
+        if not self._peak_flops_per_s or elapsed_s <= 0 or any(flops is None for flops in step_flops):
             return None
-        return self._flops_per_sample * samples / (elapsed_s * self._peak_flops_per_s * self._world_size)
+        return sum(step_flops) / (elapsed_s * self._peak_flops_per_s)
 
     def _gather_breakdowns(self) -> list[list[dict[str, float]]]:
         """Every rank's breakdowns of the pending sampled steps: one list (by rank) per step."""

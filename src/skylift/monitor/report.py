@@ -20,13 +20,15 @@ from typing import Any
 from skylift.monitor.attempts import (
     Attempt,
     RunFigures,
+    membership_text,
     run_figures,
     split_attempts,
     usd,
 )
+from skylift.monitor.flop_figures import FlopFigures, flop_figures
 from skylift.monitor.schema import read_records
 
-__all__ = ["SECTION_IDS", "Report", "diagnosis_lines", "find_diagnosis", "write_report"]
+__all__ = ["SECTION_IDS", "Report", "diagnosis_lines", "find_diagnosis", "membership_lines", "write_report"]
 
 SECTION_IDS = ("summary", "diagnosis", "loss", "throughput", "utilization", "breakdown", "cost", "timeline")
 """The ``id`` of every section, in page order (tests and links rely on them)."""
@@ -38,6 +40,10 @@ class Report:
     png_paths: list[Path]
     diagnosis: dict[str, Any] | None
     diagnosis_note: str
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    """The elastic job's ``membership`` records, in order (empty for a fixed-size job)."""
+    flops: FlopFigures | None = None
+    """FLOPs per sample and MFU of the last attempt, each with its source or its reason."""
 
 
 @dataclass
@@ -74,11 +80,13 @@ def write_report(run_dir: str | Path, output_dir: str | Path | None = None) -> R
     attempts = split_attempts(records)
     figures = run_figures(attempts, _summary_json(run_dir))
     diagnosis, note = find_diagnosis(records)
-    sections = _sections(attempts, figures, diagnosis, note)
+    flops = flop_figures(attempts[-1]) if attempts else None
+    sections = _sections(attempts, figures, diagnosis, note, flops)
     pngs = _write_pngs(sections, output)
     html_path = output / "index.html"
     html_path.write_text(_page(run_dir, sections), encoding="utf-8")
-    return Report(html_path=html_path, png_paths=pngs, diagnosis=diagnosis, diagnosis_note=note)
+    return Report(html_path=html_path, png_paths=pngs, diagnosis=diagnosis, diagnosis_note=note,
+                  membership=figures.membership, flops=flops)
 
 
 def find_diagnosis(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
@@ -97,6 +105,11 @@ def find_diagnosis(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None
     return computed, "computed by the report from the records"
 
 
+def membership_lines(membership: list[dict[str, Any]]) -> list[str]:
+    """Each membership change of an elastic job as a line, for the terminal (none for a fixed job)."""
+    return [membership_text(record) for record in membership]
+
+
 def diagnosis_lines(diagnosis: dict[str, Any] | None, note: str) -> list[str]:
     """The diagnosis as plain lines, for the terminal."""
     if diagnosis is None:
@@ -113,13 +126,14 @@ def diagnosis_lines(diagnosis: dict[str, Any] | None, note: str) -> list[str]:
 # -- sections ------------------------------------------------------------------------
 
 
-def _sections(attempts: list[Attempt], figures: RunFigures, diagnosis: dict | None, note: str) -> list[_Section]:
+def _sections(attempts: list[Attempt], figures: RunFigures, diagnosis: dict | None, note: str,
+              flops: FlopFigures | None = None) -> list[_Section]:
     from skylift.monitor import plots
 
     axis = plots.TimeAxis(attempts)
     has_train = any(a.train for a in attempts)
     sections = [
-        _Section("summary", "Summary", body_html=_summary_html(figures)),
+        _Section("summary", "Summary", body_html=_summary_html(figures, flops)),
         _Section("diagnosis", "Diagnosis", body_html=_diagnosis_html(diagnosis, note)),
         _Section("loss", "Loss and validation", plots.loss_figure(attempts)),
         _Section("throughput", "Throughput and MFU", plots.throughput_figure(attempts)),
@@ -236,7 +250,7 @@ def _table(rows: list[tuple[str, str]], header: tuple[str, ...] | None = None) -
     return f"<table>{head}{body}</table>"
 
 
-def _summary_html(figures: RunFigures) -> str:
+def _summary_html(figures: RunFigures, flops: FlopFigures | None = None) -> str:
     rows = [("status", figures.outcome)]
     if figures.step is not None:
         total = f" of {figures.total_steps:,}" if figures.total_steps else ""
@@ -245,7 +259,9 @@ def _summary_html(figures: RunFigures) -> str:
         rows.append(("samples seen", f"{figures.samples_seen:,}"))
     if figures.samples_per_s is not None:
         rows.append(("throughput", f"{figures.samples_per_s:,.0f} samples/s"))
-    if figures.mfu is not None:
+    if flops is not None:
+        rows += flops.rows()
+    elif figures.mfu is not None:
         rows.append(("MFU", f"{100 * figures.mfu:.1f} % of peak FLOP/s"))
     if figures.loss is not None:
         rows.append(("last train loss", f"{figures.loss:.4f}"))
@@ -254,6 +270,10 @@ def _summary_html(figures: RunFigures) -> str:
         rows.append((f"validation {name}", shown))
     rows.append(("cost", _usd(figures.usd_spent, figures.projected_usd_total)))
     rows.append(("attempts", f"{figures.attempts} ({figures.preemptions} preempted)"))
+    if figures.membership:
+        lost = sum(float(record.get("seconds_lost", 0.0)) for record in figures.membership)
+        changes = "; ".join(membership_text(record) for record in figures.membership)
+        rows.append(("membership", f"{len(figures.membership)} change(s), {lost:.1f} s lost in all: {changes}"))
     if figures.wall_time_s is not None:
         rows.append(("wall time", _duration(figures.wall_time_s)))
     if figures.device:
@@ -311,6 +331,10 @@ def _cost_html(attempts: list[Attempt]) -> str:
         return ""
     last = cost[-1]
     rows = [("spent", usd(last["usd_spent"])), ("price", f"{usd(last['usd_per_hour'])} per hour")]
+    if last.get("nodes") is not None and last.get("nodes_priced") not in (None, last["nodes"]):
+        # An elastic job on fewer nodes than its price is for pays its share.
+        rows.append(("nodes charged", f"{last['nodes']} of {last['nodes_priced']} (the price is for "
+                                      f"{last['nodes_priced']})"))
     if last.get("projected_usd_total") is not None:
         rows.append(("projected total", usd(last["projected_usd_total"])))
     if last.get("projected_s_left") is not None:
@@ -330,10 +354,19 @@ def _attempts_html(attempts: list[Attempt]) -> str:
         rows.append((
             str(attempt.number),
             "fresh" if attempt.resumed_from_step is None else f"step {attempt.resumed_from_step}",
+            _attempt_nodes(attempt),
             "-" if attempt.last_step is None else f"{attempt.last_step:,}",
             "-" if begin is None or end is None else _duration(end - begin),
             sum(1 for r in attempt.of_kind("checkpoint") if r.get("committed")),
             attempt.outcome + (f" ({preemption.get('reason')})" if preemption else ""),
         ))
-    header = ("attempt", "resumed from", "last step", "duration", "checkpoints committed", "outcome")
+    header = ("attempt", "resumed from", "nodes", "last step", "duration", "checkpoints committed", "outcome")
     return _table(rows, header) if rows else ""
+
+
+def _attempt_nodes(attempt: Attempt) -> str:
+    """The attempt's node count, and how it changed when it began at another size."""
+    change = attempt.last("membership")
+    if change is not None:
+        return membership_text(change)
+    return "-" if attempt.nodes is None else str(attempt.nodes)

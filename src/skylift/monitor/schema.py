@@ -105,7 +105,9 @@ class TrainRecord(_Record):
     mfu: float | None = None
     """Model FLOPs utilisation over the logging interval (0..1)."""
     flops_per_step: float | None = None
-    """One rank's model FLOPs per optimizer step (forward + backward), MFU's numerator."""
+    """One rank's model FLOPs of this optimizer step (forward + backward; the mean over
+    ranks), MFU's numerator: counted step by step under a token budget, else the
+    interval's FLOPs per sample times its samples, spread evenly over its steps."""
     breakdown_s: dict[str, float] | None = None
     """Seconds of this step per phase (see ``BREAKDOWN_PHASES``), on sampled steps."""
     breakdown_by_rank_s: list[dict[str, float]] | None = None
@@ -160,6 +162,11 @@ class CostRecord(_Record):
     kind: Literal["cost"]
     step: int = Field(ge=0)
     usd_per_hour: float = Field(ge=0)
+    """What this attempt pays per hour: ``monitor.usd_per_hour`` x ``nodes`` / ``nodes_priced``."""
+    nodes: int | None = Field(default=None, ge=1)
+    """Nodes this attempt holds and pays for (fewer than ``nodes_priced`` in a shrunk elastic job)."""
+    nodes_priced: int | None = Field(default=None, ge=1)
+    """Nodes ``monitor.usd_per_hour`` is the price of (``distributed.nodes.max`` in an elastic job)."""
     usd_spent: float = Field(ge=0)
     """Spent by this run folder so far, every attempt included."""
     usd_per_epoch: float | None
@@ -244,9 +251,14 @@ class FlopsRecord(_Record):
     step: int = Field(ge=0)
     """The step whose first micro-batch was counted."""
     flops_per_sample: float | None = Field(default=None, gt=0)
-    """Forward + backward FLOPs per training sample; ``None`` when not counted (no MFU)."""
+    """Forward + backward FLOPs per training sample of the first micro-batch; ``None`` when
+    not counted (no MFU). Under a token budget samples differ in length: the train
+    records' ``flops_per_step`` count each step at its own lengths."""
     reason: str
     """How it was counted, or why it could not be (the MFU columns then stay empty)."""
+    sequence_flops: dict[str, Any] | None = None
+    """Under a token budget: one sequence padded to ``S`` tokens costs ``per_token * S +
+    per_token_pair * S**2 + fixed`` FLOPs, fitted from exact counts at ``counted_lengths``."""
 
 
 class MembershipRecord(_Record):

@@ -59,6 +59,8 @@ class RunMonitor(Callback):
         self._sampler: Any = None
         self._ledger: CostLedger | None = None
         self._flops_counted = False
+        self._sequence_flops: Any = None
+        """The fitted FLOPs of a sequence by its length, under a token budget (``SequenceFlops``)."""
         self._peak: Any = None
         self._step = 0
         self._seconds_per_step: float | None = None
@@ -105,26 +107,33 @@ class RunMonitor(Callback):
 
     @property
     def wants_flops(self) -> bool:
-        """Whether :meth:`count_flops` still has work (only the first step of an attempt)."""
-        return not self._flops_counted and self.config.monitor.mfu and self._peak is not None
+        """Whether :meth:`count_flops` still has work: the first micro-batch of an attempt,
+        and under a token budget every micro-batch (each has its own padded length; after
+        the first, its FLOPs are arithmetic on the fitted formula, not a trace)."""
+        if not self.config.monitor.mfu or self._peak is None:
+            return False
+        return not self._flops_counted or self._sequence_flops is not None
 
     def count_flops(self, module: nn.Module, batch: Any, loss: Callable[[nn.Module, Any], torch.Tensor],
                     batch_size: int) -> None:
         """Count FLOPs per sample from the first micro-batch of ``batch_size`` samples (once per attempt).
 
-        Per sample is exact for fixed-size inputs; for token-budget batches of varying
-        length it takes the first batch's mix as typical.
+        Per sample is exact for fixed-size inputs. Under ``data.batching: token_budget``
+        the FLOPs of a sequence are fitted as a function of its padded length
+        (:func:`~skylift.monitor.flops.fit_sequence_flops`) and every micro-batch is
+        counted at its own length.
         """
+        if self._sequence_flops is not None:
+            self._add_sequence_batch(batch)
+            return
+        if self.config.data.batching == "token_budget":
+            self._count_token_budget(module, batch, loss)
+            return
         from skylift.monitor.flops import explain_step_flops
 
         flops, reason = explain_step_flops(module, batch, loss)
-        if flops is None:
-            log.warning("FLOPs not counted, so no MFU: %s", reason)
-        if self.context.is_main:
-            # In the run folder, not only the log: the report says why its MFU column is empty.
-            per_sample = flops / batch_size if flops and batch_size > 0 else None
-            self.metrics.write_event({"kind": "flops", "time": time.time(), "step": self._step,
-                                      "flops_per_sample": per_sample, "reason": reason})
+        per_sample = flops / batch_size if flops and batch_size > 0 else None
+        self._write_flops_record(per_sample, reason)
         self.record_flops(flops, batch_size)
 
     def record_flops(self, micro_flops: float | None, batch_size: int) -> None:
@@ -132,6 +141,41 @@ class RunMonitor(Callback):
         self._flops_counted = True
         if micro_flops and self._peak.flops_per_s and batch_size > 0:
             self.metrics.set_flops(micro_flops / batch_size, self._peak.flops_per_s, self.context.world_size)
+
+    def _count_token_budget(self, module: nn.Module, batch: Any,
+                            loss: Callable[[nn.Module, Any], torch.Tensor]) -> None:
+        from skylift.monitor.flops import fit_sequence_flops, padded_shape
+
+        self._flops_counted = True
+        fit, reason = fit_sequence_flops(module, batch, loss)
+        shape = padded_shape(batch)
+        if fit is None or shape is None:
+            self._write_flops_record(None, f"token budget: {reason}")
+            return
+        sequences, length = shape
+        lengths = ", ".join(map(str, fit.counted_lengths))
+        reason = f"{reason} ({lengths} tokens); each token-budget micro-batch counted at its own length"
+        first = fit.batch_flops(sequences, length) / sequences
+        self._write_flops_record(first, reason, sequence_flops=fit.as_record())
+        self._sequence_flops = fit
+        self.metrics.count_flops_by_step(self._peak.flops_per_s, self.context.world_size)
+        self._add_sequence_batch(batch)
+
+    def _add_sequence_batch(self, batch: Any) -> None:
+        from skylift.monitor.flops import padded_shape
+
+        shape = padded_shape(batch)
+        if shape is None:  # the first micro-batch had token ids; a later one without is a recipe's bug
+            raise ValueError("a token-budget micro-batch holds no two-dimensional tensor of token ids")
+        self.metrics.add_flops(self._sequence_flops.batch_flops(*shape))
+
+    def _write_flops_record(self, per_sample: float | None, reason: str, **fields: Any) -> None:
+        if per_sample is None:
+            log.warning("FLOPs not counted, so no MFU: %s", reason)
+        if self.context.is_main:
+            # In the run folder, not only the log: the report says why its MFU column is empty.
+            self.metrics.write_event({"kind": "flops", "time": time.time(), "step": self._step,
+                                      "flops_per_sample": per_sample, "reason": reason, **fields})
 
     # -- parts ----------------------------------------------------------------------
 
@@ -177,6 +221,9 @@ class RunMonitor(Callback):
             on_demand_usd_per_hour=self.config.monitor.on_demand_usd_per_hour,
             earlier_usd=previous_spend_usd(earlier),
             started_at=self.started_at,
+            nodes=self.context.num_nodes,
+            # An elastic job's price is for its most nodes; a fixed job's, for the nodes it has.
+            nodes_priced=elastic.max if (elastic := self.config.distributed.nodes) else self.context.num_nodes,
         )
 
     def _after_flush(self, state: TrainState, seconds_per_step: float | None, *, final: bool = False) -> None:

@@ -32,8 +32,11 @@ does twice forward's FLOPs), the exposed time per micro-step is::
               + RS(block) + RS(root)
 
 (the first gathers come before any compute, the last reduce-scatters after it; AGs in
-backward only with ``reshard_after_forward``, RS only on a micro-step that syncs). On a
-CPU nothing overlaps: gloo's collectives run on the cores the compute uses, so the
+backward only with ``reshard_after_forward``, RS only on a micro-step that syncs). The
+compute is the one the DDP term (:mod:`skylift.plan.ddp`) hides its bucketed all-reduce
+under: on a GPU, the GPU model's forward + backward with its in-node scaling
+(:mod:`skylift.plan.gpu_compute`); both terms overlap by the same one-third/two-thirds
+split of forward and backward. On a CPU nothing overlaps: gloo's collectives run on the cores the compute uses, so the
 whole communication counts, as the DDP term counts its all-reduce.
 """
 

@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -46,8 +46,16 @@ class Measurement(BaseModel):
     precision: str
     configured_precision: str = "auto"
     """``precision`` as the config asks (``auto`` picks per device, so a GPU target may differ)."""
-    data_num_workers: int = 0
-    """DataLoader workers per rank in the measured run (0: loading in the training process)."""
+    data_num_workers: int | Literal["auto"] = 0
+    """DataLoader workers per rank in the measured run (0: loading in the training process;
+    ``auto``: the count ``data.num_workers: auto`` tunes, which a plan bounds by the target's vCPUs)."""
+    input_cpu_s_per_sample: float | None = None
+    """CPU seconds (user + system, not wall) the input pipeline spends producing one
+    training sample here (read, decode, augment, collate), timed in the bench process with
+    the loader at 0 workers and one torch thread (as a loader worker runs):
+    ``time.thread_time``, so another process on this machine does not change it, as it
+    does the wall-clock ``data_wait``. ``None`` in benches that predate it (a plan then
+    falls back to the measured wall time and says so)."""
     world_size: int
     threads_per_process: int
     """CPU threads each process computed with (``OMP_NUM_THREADS``)."""
@@ -82,6 +90,19 @@ class Measurement(BaseModel):
     memory_op_bytes_per_sample: float | None = None
     """The part of ``memory_bytes_per_sample`` moved by ops without FLOPs (elementwise,
     norms, pooling): the bandwidth-bound share of the step."""
+    traffic_half: bool | None = None
+    """The traffic was traced with 2-byte floating tensors (the run's precision was
+    bf16/fp16); ``None`` where it was not traced."""
+    conv_flops_per_sample: float | None = None
+    """The part of ``flops_per_sample`` (as traced) in convolutions: a job with most of its
+    FLOPs there is timed on a GPU by the convolutional factors, else by the GEMM ones."""
+    intensity_bins: list[tuple[float, float, float]] | None = None
+    """The ops with FLOPs by arithmetic intensity, ``(FLOPs, bytes, conv bytes)`` per sample
+    per half-octave of FLOP/byte: each group goes on its side of a GPU's roofline."""
+    traced_ops_per_micro_step: int | None = None
+    """ATen ops of one traced forward + backward: the kernels a GPU launches per micro-step."""
+    channels_last: bool | None = None
+    """The config's ``channels_last`` (image models' activation layout on a GPU)."""
     forward_backward_curve: dict[str, Any] | None = None
     """Forward + backward of the job's model timed here at two micro-batches and two
     thread counts (:mod:`skylift.plan.probe`): ``fixed_s`` and ``per_sample_s`` per
@@ -170,9 +191,14 @@ def measurement_from_run_dir(run_dir: Path, *, config_path: str, warmup_steps: i
     # config's accumulation.steps for folders that predate it.
     accumulation = int(start.get("accumulation_steps") or resolved.get("accumulation", {}).get("steps", 1))
     step_time_s = statistics.median(record["step_time_s"] for record in trains)
-    flops_per_step = next((r["flops_per_step"] for r in trains if r.get("flops_per_step")), None)
+    # Samples and FLOPs of the measured steps from the records: a token-budget step holds
+    # as many texts as fit its budget, not data.global_batch_size, and each step has its
+    # own FLOPs; with fixed batches both reduce to the global batch and one figure.
+    samples_per_step = (trains[-1]["samples_seen"] - trains[0]["samples_seen"]) / (len(trains) - 1)
+    counted = [r["flops_per_step"] for r in trains[1:] if r.get("flops_per_step")]
+    flops_per_step = statistics.fmean(counted) if len(counted) == len(trains) - 1 else None
     breakdown = _median_breakdown(trains, step_time_s)
-    samples_per_rank = global_batch / world_size
+    samples_per_rank = samples_per_step / world_size
     peak = start.get("peak_flops_per_s")
     compute_s = breakdown.get("forward_backward", 0.0)
     fields: dict[str, Any] = {
@@ -183,7 +209,7 @@ def measurement_from_run_dir(run_dir: Path, *, config_path: str, warmup_steps: i
         "device_name": start["device_name"],
         "precision": start["precision"],
         "configured_precision": str(resolved.get("precision", "auto")),
-        "data_num_workers": int(start.get("data_num_workers") or 0),
+        "data_num_workers": _workers(resolved, start),
         "world_size": world_size,
         "threads_per_process": int(extra.pop("threads_per_process", max(1, int(start.get("cpu_count", 1)) // world_size))),
         "cpu_count": int(start.get("cpu_count", 1)),
@@ -193,7 +219,7 @@ def measurement_from_run_dir(run_dir: Path, *, config_path: str, warmup_steps: i
         "steps_per_epoch": int(start.get("steps_per_epoch") or 0),
         "measured_steps": len(trains),
         "step_time_s": step_time_s,
-        "samples_per_s": global_batch / step_time_s,
+        "samples_per_s": samples_per_step / step_time_s,
         "breakdown_s": breakdown,
         "peak_flops_per_s": peak,
         "flops_per_sample": flops_per_step / samples_per_rank if flops_per_step else None,
@@ -202,12 +228,20 @@ def measurement_from_run_dir(run_dir: Path, *, config_path: str, warmup_steps: i
         "peak_device_memory_bytes": _peak_device_memory(records),
         "peak_host_memory_bytes": None,
         "checkpoint_save_s": _checkpoint_save_s(records),
+        "channels_last": bool(resolved.get("channels_last", False)),
         "run_dir": str(run_dir),
     }
     notes = [] if compute_s else ["no breakdown_s in the train records: set monitor.breakdown_every_steps"]
     fields.update(extra)
     fields["notes"] = [*notes, *fields.get("notes", [])]
     return Measurement(**fields)
+
+
+def _workers(resolved: dict[str, Any], start: dict[str, Any]) -> int | Literal["auto"]:
+    """The config's ``auto`` (run_start has the first candidate the tuner tried), else the run's count."""
+    if resolved.get("data", {}).get("num_workers") == "auto":
+        return "auto"
+    return int(start.get("data_num_workers") or 0)
 
 
 def _read_records(run_dir: Path) -> list[dict[str, Any]]:

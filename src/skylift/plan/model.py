@@ -2,18 +2,22 @@
 
 The measured step is split into parts that scale with different resources::
 
-    step = compute            forward_backward x samples ratio x [(1 - s) x peak here / peak there
-                                                                  + s x bandwidth here / bandwidth there]
-                              (s: the share of bandwidth-bound ops, from the traced memory traffic)
+    step = compute            GPU targets: the GPU model (:mod:`skylift.plan.gpu_compute`): the
+                              job's traced structure (FLOPs by op group and intensity, traffic,
+                              ops per micro-step) timed by factors fitted to published rows,
+                              times the in-node scaling; never the bench machine's speed.
+                              CPU targets (and GPU ones with --efficiency): forward_backward x
+                              samples ratio x [(1 - s) x peak here / peak there + s x bandwidth
+                              here / bandwidth there] (s: the bandwidth-bound share, traced)
          + memory-bound       optimizer x (memory bandwidth here / there)
-         + input pipeline     (data_wait + host_to_device) x samples ratio [x vCPU ratio with workers]
-         + communication      ring all-reduce of the model's bytes: NVLink/PCIe inside a node,
-                              the network between nodes (DDP); under FSDP the all-gathers and
-                              reduce-scatters, less what the compute hides (:mod:`skylift.plan.fsdp`)
+         + input pipeline     loader CPU time per sample here x samples a rank gets: added at 0 workers;
+                              on a GPU over the workers, what outlasts the rest of the step (+ copies)
+         + communication      DDP: the ring all-reduce of the gradients in buckets under backward,
+                              what backward does not hide (:mod:`skylift.plan.ddp`); FSDP: the
+                              all-gathers and reduce-scatters, less what the compute hides
+                              (:mod:`skylift.plan.fsdp`); on a CPU nothing overlaps
          + other              as measured (Python overhead of the loop)
 
-Compute keeps the efficiency measured here (the measured fraction of peak) unless an
-efficiency is given: a CPU's efficiency says little about a GPU's, and the plan says so.
 Every figure the model takes that is not measured is returned as an assumption.
 
 Whether the job fits a GPU is :func:`skylift.machine.memory.training_memory`, the model
@@ -27,9 +31,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from skylift.data.autotune import default_candidates
 from skylift.machine.gpus import gpu_spec, precision_class
 from skylift.machine.memory import MEMORY_HEADROOM, MemoryBreakdown, ModelMemory, Sharding, training_memory
+from skylift.plan.ddp import ddp_communication
 from skylift.plan.fsdp import sharded_communication
+from skylift.plan.gpu_compute import CalibratedCompute, calibrated_compute, missing_structure
 from skylift.plan.measurement import Measurement
 
 __all__ = ["StepPrediction", "Target", "predict_step"]
@@ -58,9 +65,14 @@ class Target:
     host_memory_bytes: float | None = None
     """RAM of one node (``None``: not checked); FSDP's ``cpu_offload`` keeps the sharded state there."""
     efficiency: float | None = None
-    """Fraction of peak the compute reaches; ``None``: the efficiency measured here."""
+    """Fraction of peak the compute reaches (``--efficiency``); ``None``: the GPU model on a
+    GPU target with ``gpu_model``, else the efficiency measured here."""
     threads_per_rank: int | None = None
     """CPU threads each rank computes with (CPU targets; ``None`` on a GPU)."""
+    gpu_model: str | None = None
+    """The GPU as the catalog or the driver names it (``A100-80GB``): forward/backward is
+    then timed by the GPU model fitted to published rows (:mod:`skylift.plan.gpu_compute`);
+    ``None``: scaled from the measurement."""
 
     @property
     def world_size(self) -> int:
@@ -88,6 +100,12 @@ class StepPrediction:
     dropped: str | None = None
     """Why the target cannot run the job (does not fit, batch does not divide); else None."""
     assumptions: list[str] = field(default_factory=list)
+    calibrated_by: tuple[str, ...] = ()
+    """Published rows (``skylift/plan/published.csv``) the GPU model that timed the
+    forward/backward was fitted on; empty where the measurement was scaled instead."""
+    bound: str | None = None
+    """``input-bound`` where the input pipeline sets the step (:func:`_input_s`);
+    else ``compute-bound`` or ``communication-bound`` (several ranks on GPUs); else ``None``."""
 
 
 def predict_step(measurement: Measurement, target: Target, global_batch_size: int | None = None,
@@ -113,28 +131,68 @@ def predict_step(measurement: Measurement, target: Target, global_batch_size: in
     samples_ratio = (batch / target.world_size) / (m.global_batch_size / m.world_size)
     fit = _fit(m, target, batch, memory, sharding, assumptions)
     accumulation, micro = (fit[0], fit[1]) if not isinstance(fit, str) else (1, batch // target.world_size)
-    compute = _compute_s(m, target, samples_ratio, batch, assumptions, micro_steps=(accumulation, micro))
+    calibrated = _calibrated(m, target, (accumulation, micro), assumptions)
+    compute = calibrated.seconds if calibrated else _compute_s(m, target, samples_ratio, batch, assumptions,
+                                                                 micro_steps=(accumulation, micro))  # fmt: skip
+    bound = None
     if sharding:
         communication, moved = _sharded_communication_s(m, target, memory, sharding, compute, accumulation,
                                                         assumptions)  # fmt: skip
     else:
-        communication, moved = _communication_s(m, target, assumptions)
+        communication, moved, bound = _communication_s(m, target, compute, accumulation, assumptions)
     parts = {
         "compute": compute,
-        "memory_bound": _memory_bound_s(m, target, assumptions) * _optimizer_share(m, sharding, assumptions),
-        "input": _input_s(m, target, samples_ratio, assumptions),
+        "memory_bound": _memory_bound_s(m, target, memory, calibrated is not None, assumptions)
+        * _optimizer_share(m, sharding, assumptions),
+        "input": 0.0,
         "communication": communication,
-        "other": m.breakdown_s.get("other", 0.0) + m.breakdown_s.get("checkpoint", 0.0),
+        "other": _other_s(m, target, calibrated is not None, assumptions),
     }
+    parts["input"], input_bound = _input_s(m, target, batch, samples_ratio, parts, assumptions)
+    rows = calibrated.rows if calibrated else ()
     if isinstance(fit, str):
         return StepPrediction(step_time_s=None, samples_per_s=None, parts_s=parts, dropped=fit, assumptions=assumptions,
-                              sharding=sharding)  # fmt: skip
+                              sharding=sharding, calibrated_by=rows)  # fmt: skip
     breakdown = fit[2]
     step_s = sum(parts.values())
+    if input_bound:
+        bound = "input-bound"
+        assumptions.append(f"{target.name}: the input pipeline sets the step (input-bound): more loader workers "
+                           "(data.num_workers), a host with more vCPUs per GPU or a cheaper pipeline change it")
     return StepPrediction(step_time_s=step_s, samples_per_s=batch / step_s, parts_s=parts,
                           accumulation_steps=accumulation, micro_batch_size=micro,
                           memory_needed_bytes=breakdown.total_bytes if breakdown else None, memory=breakdown,
-                          sharding=sharding, communication_bytes=moved, assumptions=assumptions)  # fmt: skip
+                          sharding=sharding, communication_bytes=moved, assumptions=assumptions,
+                          calibrated_by=rows, bound=bound)  # fmt: skip
+
+
+def _other_s(m: Measurement, target: Target, on_gpu_model: bool, assumptions: list[str]) -> float:
+    """The loop's own overhead as measured; under the GPU model the host's work per
+    micro-step is its fitted per-op cost, so this machine's is not added to it."""
+    if on_gpu_model:
+        assumptions.append(f"{target.name}: the loop's host overhead is the GPU model's per-op cost (fitted), not "
+                           "this machine's measured 'other' phase")  # fmt: skip
+        return m.breakdown_s.get("checkpoint", 0.0)
+    return m.breakdown_s.get("other", 0.0) + m.breakdown_s.get("checkpoint", 0.0)
+
+
+def _calibrated(m: Measurement, target: Target, micro_steps: tuple[int, int],
+                assumptions: list[str]) -> CalibratedCompute | None:  # fmt: skip
+    """The GPU model's forward/backward for a GPU target (``None``: scaled from the measurement instead)."""
+    if target.device != "cuda" or target.gpu_model is None or target.efficiency is not None:
+        return None
+    precision = target_precision(m)
+    calibrated = calibrated_compute(m, target.gpu_model, precision, target.ranks_per_node, micro_steps)
+    if calibrated is None:
+        reason = missing_structure(m) or f"no fitted factors for {target.gpu_model}"
+        assumptions.append(f"{target.name}: GPU model not used ({reason})")
+        return None
+    origin = ("the GPU bench's measured time, re-timed by the model's ratio of the two GPUs" if
+              calibrated.from_gpu_bench else "not the bench machine's speed")  # fmt: skip
+    assumptions.append(f"{target.name}: forward/backward from the job's traced structure ({calibrated.kind}: FLOPs "
+                       f"by op group, traffic, ops per micro-step) and the GPU model fitted to published rows, "
+                       f"{origin}")  # fmt: skip
+    return calibrated
 
 
 def _compute_s(m: Measurement, target: Target, samples_ratio: float, batch: int, assumptions: list[str], *,
@@ -243,7 +301,16 @@ def _bandwidth_here(m: Measurement) -> float | None:
     return spec.memory_bandwidth_bytes_per_s if spec else None
 
 
-def _memory_bound_s(m: Measurement, target: Target, assumptions: list[str]) -> float:
+def _memory_bound_s(m: Measurement, target: Target, memory: ModelMemory | None, on_gpu_model: bool,
+                    assumptions: list[str]) -> float:  # fmt: skip
+    """The optimizer step. Where the GPU model times the compute and the parameters are
+    traced: its traffic at the GPU's bandwidth (read weights, gradients and each state,
+    write weights and states, fp32: ``4 x (3 + 2 x states)`` bytes per parameter, the
+    multi-tensor kernels streaming at bandwidth), so the bench machine's speed stays out;
+    else the measured step scaled by the two bandwidths."""
+    if on_gpu_model and memory is not None and memory.parameters and target.memory_bandwidth_bytes_per_s:
+        moved = 4.0 * (3 + 2 * memory.optimizer_state_copies) * memory.trainable_parameters
+        return moved / target.memory_bandwidth_bytes_per_s
     measured_s = m.breakdown_s.get("optimizer", 0.0)
     here = _bandwidth_here(m)
     if not (here and target.memory_bandwidth_bytes_per_s):
@@ -252,34 +319,83 @@ def _memory_bound_s(m: Measurement, target: Target, assumptions: list[str]) -> f
     return measured_s * here / target.memory_bandwidth_bytes_per_s
 
 
-def _input_s(m: Measurement, target: Target, samples_ratio: float, assumptions: list[str]) -> float:
-    measured_s = m.breakdown_s.get("data_wait", 0.0) + m.breakdown_s.get("host_to_device", 0.0)
+def _input_s(m: Measurement, target: Target, batch: int, samples_ratio: float, parts: dict[str, float],
+             assumptions: list[str]) -> tuple[float, bool]:  # fmt: skip
+    """The input pipeline's part of the step, and whether it sets the step (input-bound).
+
+    The loader's work is its CPU time per sample here times the samples a rank gets, on
+    cores as fast as this one's. At 0 workers it runs in the training process and adds. On
+    a GPU host its workers share it and prefetch while the training process does the rest
+    of the step: only what outlasts that shows. On a CPU the workers take the compute
+    threads' cores: nothing hides. The host-to-device phase adds as measured, on the same
+    device only: a CPU bench's is no copy (a memory-format change at most)."""
+    if m.input_cpu_s_per_sample is None:
+        return _input_from_wall_s(m, target, samples_ratio, parts, assumptions)
+    copy_s = m.breakdown_s.get("host_to_device", 0.0) * samples_ratio if m.device == target.device else 0.0
+    if m.device != target.device:
+        assumptions.append(f"{target.name}: the host-to-device copy is not predicted (a {m.device} bench makes none)")
+    loader_s, workers = m.input_cpu_s_per_sample * batch / target.world_size, _workers_there(m, target)
+    per_worker_s, cores = loader_s / max(workers, 1.0), "on vCPUs as fast as this machine's cores"
+    if workers == 0 or target.device == "cpu":
+        how = ("in the training process (data.num_workers 0: one core, not overlapped)" if workers == 0 else
+               f"over {workers:g} workers, added (they share the cores the compute threads use)")  # fmt: skip
+        assumptions.append(f"{target.name}: the input pipeline's {loader_s * 1e3:.3g} ms of CPU a step runs {how}, "
+                           f"{cores}")  # fmt: skip
+        return per_worker_s + copy_s, per_worker_s + copy_s > max(parts["compute"], parts["communication"])
+    rest_s = sum(seconds for name, seconds in parts.items() if name != "input")
+    assumptions.append(f"{target.name}: the input pipeline's {loader_s * 1e3:.3g} ms of CPU a step over {workers:g} "
+                       f"loader workers ({per_worker_s * 1e3:.3g} ms each) is prefetched under the "
+                       f"{rest_s * 1e3:.3g} ms rest of the step, {cores}")  # fmt: skip
+    return copy_s + max(0.0, per_worker_s - rest_s), per_worker_s > rest_s
+
+
+def _workers_there(m: Measurement, target: Target) -> float:
+    """Loader workers of a rank that get a vCPU there; on a GPU host one stays with the training process
+    (it launches the kernels). ``auto``: the largest count :func:`default_candidates` tries there."""
     if m.data_num_workers == 0:
-        # Loading runs in the training process on one core: more vCPUs do not speed it up.
-        return measured_s * samples_ratio
-    vcpus_here = m.cpu_count / m.world_size
-    workers_here, workers_there = min(m.data_num_workers, vcpus_here), min(m.data_num_workers, target.vcpus_per_rank)
-    assumptions.append(f"{target.name}: input pipeline scales with loader workers that get a vCPU "
-                       f"({workers_here:g} here, {workers_there:g} there)")  # fmt: skip
-    return measured_s * samples_ratio * workers_here / max(workers_there, 1.0)
+        return 0
+    node_vcpus = int(target.vcpus_per_rank * target.ranks_per_node)
+    configured = default_candidates(node_vcpus)[-1] if m.data_num_workers == "auto" else m.data_num_workers
+    return max(1.0, min(float(configured), target.vcpus_per_rank - (1 if target.device == "cuda" else 0)))
 
 
-def _communication_s(m: Measurement, target: Target, assumptions: list[str]) -> tuple[float, float | None]:
-    """DDP's all-reduce of the gradients: seconds, and bytes (the gradients twice: an
-    all-reduce is a reduce-scatter and an all-gather, the unit FSDP's are counted in)."""
+def _input_from_wall_s(m: Measurement, target: Target, samples_ratio: float, parts: dict[str, float],
+                       assumptions: list[str]) -> tuple[float, bool]:  # fmt: skip
+    """A bench without the CPU time of the input: its wall-clock wait, which follows this machine's load."""
+    assumptions.append(f"{target.name}: the bench has no CPU time of the input pipeline (it predates it): the "
+                       "wall-clock data wait measured here is used, which a busy bench machine inflates; bench again")
+    measured_s = (m.breakdown_s.get("data_wait", 0.0) + m.breakdown_s.get("host_to_device", 0.0)) * samples_ratio
+    if m.data_num_workers != 0:
+        workers = default_candidates(m.cpu_count)[-1] if m.data_num_workers == "auto" else m.data_num_workers
+        workers_here, workers_there = min(workers, m.cpu_count / m.world_size), min(workers, target.vcpus_per_rank)
+        measured_s *= workers_here / max(workers_there, 1.0)
+    return measured_s, measured_s > max(parts["compute"], parts["communication"])
+
+
+def _communication_s(m: Measurement, target: Target, compute_s: float, accumulation: int,
+                     assumptions: list[str]) -> tuple[float, float | None, str | None]:  # fmt: skip
+    """DDP's all-reduce of the gradients, less what backward hides (:mod:`skylift.plan.ddp`):
+    seconds, bytes (the gradients twice: an all-reduce is a reduce-scatter and an
+    all-gather, the unit FSDP's are counted in) and the bound."""
     if target.world_size == 1:
-        return 0.0, None
+        return 0.0, None, None
     if not m.model_bytes:
         assumptions.append(f"{target.name}: gradient communication not predicted (model size unknown)")
-        return 0.0, None
-    seconds = 0.0
-    for ranks, bus_bytes_per_s in ((target.ranks_per_node, target.intra_node_bus_bytes_per_s),
-                                   (target.nodes, target.inter_node_bus_bytes_per_s)):  # fmt: skip
-        if ranks > 1 and bus_bytes_per_s:
-            seconds += 2 * (ranks - 1) / ranks * m.model_bytes / bus_bytes_per_s  # ring all-reduce
-    assumptions.append(f"{target.name}: the all-reduce of {m.model_bytes / 2**20:.1f} MiB of gradients is "
-                       "not overlapped with backward (upper bound)")  # fmt: skip
-    return seconds, 2.0 * m.model_bytes
+        return 0.0, None, None
+    links = ((target.ranks_per_node, target.intra_node_bus_bytes_per_s),
+             (target.nodes, target.inter_node_bus_bytes_per_s))
+    overlaps = target.device == "cuda"
+    result = ddp_communication(gradient_bytes=m.model_bytes, links=links, overlaps=overlaps, compute_s=compute_s,
+                               accumulation_steps=accumulation)  # fmt: skip
+    size = f"{m.model_bytes / 2**20:.1f} MiB"
+    if overlaps:
+        assumptions.append(f"{target.name}: the all-reduce of {size} of gradients runs in 25 MiB buckets under "
+                           "backward (DDP): the last bucket and what outlasts backward are exposed (each "
+                           "candidate's bound: --json)")  # fmt: skip
+    else:
+        assumptions.append(f"{target.name}: the all-reduce of {size} of gradients is not overlapped with backward "
+                           "(a CPU's collectives share its cores)")  # fmt: skip
+    return result.exposed_s, 2.0 * m.model_bytes, result.bound if overlaps else None
 
 
 def _sharded_communication_s(m: Measurement, target: Target, memory: ModelMemory | None, sharding: Sharding,

@@ -7,12 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from skylift.errors import SkyliftConfigError
+from skylift.plan.calibration import KindFactors, shipped_gpu_model
 from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
 from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory, Sharding
 from skylift.plan.model import predict_step, target_precision
 from skylift.plan.ranking import (
     Candidate,
     PlanRequest,
+    elastic_assumptions,
     interruption_rates,
     local_target,
     plan_candidates,
@@ -40,6 +42,7 @@ class Plan:
             "epochs": self.epochs,
             "candidates": [candidate.as_dict() for candidate in self.candidates],
             "assumptions": self.assumptions,
+            "gpu_model": _gpu_model_dict(self.candidates),
         }
 
 
@@ -63,6 +66,7 @@ def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: C
         checkpoint_async=config.checkpoint.async_save, global_batch_size=config.data.global_batch_size,
         samples_per_epoch=args.samples_per_epoch, memory=_model_memory(config, measurement),
         sharding=Sharding.of(config.distributed, 1),  # each candidate: over its own ranks
+        elastic_nodes=(nodes.min, nodes.max) if (nodes := config.distributed.nodes) else None,
     )  # fmt: skip
     if args.samples_per_epoch is not None and args.samples_per_epoch < 1:
         raise SkyliftConfigError("--samples-per-epoch must be at least 1", "e.g. --samples-per-epoch 1281167")
@@ -145,6 +149,8 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
         (f"work lost per interruption: none when the measured save ({_seconds(m.checkpoint_save_s)}) fits the "
         f"provider's notice window, else half of checkpoint.every_minutes ({request.checkpoint_every_minutes})"),
     ]
+    lines += elastic_assumptions(request)
+    lines += [f"GPU model, {text}" for text in _gpu_model_lines(candidates)]
     if any(candidate.price_status == "price_unverified" for candidate in candidates):
         lines.append("price_unverified rows have no public price in the catalog: hours are predicted, dollars are "
                      "not; add yours with --price-file")  # fmt: skip
@@ -156,6 +162,24 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
                 seen.add(general)
                 lines.append(general)
     return lines
+
+
+def _used_kinds(candidates: list[Candidate]) -> list[KindFactors]:
+    """The GPU model's factors that timed some candidate (its rows are in the prediction's)."""
+    used = {row for candidate in candidates for row in candidate.prediction.calibrated_by}
+    return [factors for factors in shipped_gpu_model().kinds.values() if used & set(factors.rows)] if used else []
+
+
+def _gpu_model_lines(candidates: list[Candidate]) -> list[str]:
+    return [factors.describe() for factors in _used_kinds(candidates)]
+
+
+def _gpu_model_dict(candidates: list[Candidate]) -> dict:
+    return {factors.kind: {"compute_share": factors.compute_share, "bandwidth_share": factors.bandwidth_share,
+                           "memory_bandwidth_share": factors.memory_bandwidth_share, "layout": factors.layout,
+                           "seconds_per_op": factors.seconds_per_op, "scaling": factors.scaling,
+                           "rows": list(factors.rows), "scaling_rows": list(factors.scaling_rows)}
+            for factors in _used_kinds(candidates)}  # fmt: skip
 
 
 def _model_memory(config, measurement: Measurement) -> ModelMemory | None:  # noqa: ANN001 - RunConfig

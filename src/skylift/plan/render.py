@@ -20,6 +20,7 @@ def render_plan(plan: Plan) -> str:
              f"on {plan.measurement.device_name}")]  # fmt: skip
     rows = [_HEADER] + [_cells(index, candidate) for index, candidate in enumerate(runnable, start=1)]
     lines += _table(rows) if runnable else ["no candidate meets every constraint"]
+    lines += _calibration_lines(runnable)
     if dropped:
         lines += ["", "dropped:"]
         rows = [_HEADER] + [_cells("-", candidate, note="; ".join(candidate.dropped)) for candidate in dropped]
@@ -35,6 +36,8 @@ def _cells(index: int | str, candidate, note: str | None = None) -> tuple[str, .
         flags.append("price_unverified")
     if p.sharding is not None:
         flags.append(f"sharded over {p.sharding.shard_count} ranks")
+    if p.bound in ("input-bound", "communication-bound"):
+        flags.append(p.bound)
     if p.accumulation_steps > 1:
         flags.append(f"accumulation {p.accumulation_steps}")
     if candidate.spot and candidate.spot_savings_usd is not None:
@@ -43,9 +46,30 @@ def _cells(index: int | str, candidate, note: str | None = None) -> tuple[str, .
     return (
         str(index), candidate.instance, str(candidate.count), "spot" if candidate.spot else "on-demand",
         _number(p.samples_per_s), _number(candidate.predicted_hours), _number(candidate.predicted_usd),
-        _number(candidate.usd_per_epoch), _number(candidate.usd_per_hour),
+        _number(candidate.usd_per_epoch), _usd_per_hour(candidate),
         note if note is not None else ", ".join(flags),
     )  # fmt: skip
+
+
+def _usd_per_hour(candidate) -> str:  # noqa: ANN001 - Candidate
+    """The median zone's price the plan costs with, and the cheapest zone's beside it."""
+    if candidate.spot_cheapest is None or candidate.usd_per_hour is None:
+        return _number(candidate.usd_per_hour)
+    price, zone = candidate.spot_cheapest
+    return f"{_number(candidate.usd_per_hour)} (cheapest {_number(price)} {zone})"
+
+
+def _calibration_lines(runnable: list) -> list[str]:
+    """Which published rows (``skylift/plan/published.csv``) calibrated each ranked prediction."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for index, candidate in enumerate(runnable, start=1):
+        groups.setdefault(candidate.prediction.calibrated_by, []).append(f"#{index}")
+    lines = []
+    for rows, indices in groups.items():
+        label = ", ".join(indices) if len(indices) <= 6 else f"{', '.join(indices[:5])} and {len(indices) - 5} more"
+        lines.append(f"  {label}: " + (f"GPU model calibrated on published rows {', '.join(rows)}" if rows else
+                                      "scaled from the measurement (no GPU model)"))  # fmt: skip
+    return ["", "calibrated by (skylift/plan/published.csv):", *lines] if lines else []
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

@@ -17,6 +17,7 @@ Shapes only, no arithmetic: seconds even for a ResNet-50, the same on any CPU.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,13 @@ class StepTraffic:
     compute_op_bytes_per_sample: float
     flops_per_sample: float
     ops: int
+    conv_flops_per_sample: float = 0.0
+    """The part of ``flops_per_sample`` in convolutions (forward and backward): the
+    planner's GPU model tells convolutional from GEMM-heavy work by it."""
+    intensity_bins: tuple[tuple[float, float, float], ...] = ()
+    """The ops with FLOPs grouped by arithmetic intensity (half-octaves of FLOP/byte):
+    per group ``(FLOPs, bytes, bytes of convolutions)`` per sample, so a GPU model can
+    put each group on its side of the roofline (:mod:`skylift.plan.calibration`)."""
 
 
 def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) -> StepTraffic:
@@ -60,7 +68,9 @@ def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) 
     from skylift.doctor.memory import meta_model_and_batch
 
     model, batch, loss_fn = meta_model_and_batch(config, micro_batch_size)
-    totals = {"compute": 0.0, "memory": 0.0, "flops": 0.0, "ops": 0}
+    totals = {"compute": 0.0, "memory": 0.0, "flops": 0.0, "conv_flops": 0.0, "ops": 0}
+    convolutions = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+    bins: dict[float, list[float]] = {}
 
     def size(tensor: torch.Tensor) -> int:
         element = _HALF_BYTES if half and tensor.is_floating_point() else tensor.element_size()
@@ -76,6 +86,12 @@ def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) 
             flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
             totals["compute" if flops else "memory"] += moved
             totals["flops"] += flops
+            if func._overloadpacket in convolutions:
+                totals["conv_flops"] += flops
+            if flops:
+                group = bins.setdefault(round(2 * math.log2(flops / max(moved, 1))) / 2, [0.0, 0.0, 0.0])
+                group[0], group[1] = group[0] + flops, group[1] + moved
+                group[2] += moved if func._overloadpacket in convolutions else 0.0
             totals["ops"] += 1
             return out
 
@@ -91,4 +107,6 @@ def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) 
         compute_op_bytes_per_sample=totals["compute"] / per,
         flops_per_sample=totals["flops"] / per,
         ops=int(totals["ops"]),
+        conv_flops_per_sample=totals["conv_flops"] / per,
+        intensity_bins=tuple(tuple(value / per for value in bins[key]) for key in sorted(bins)),
     )

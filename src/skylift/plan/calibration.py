@@ -1,0 +1,283 @@
+"""The plan's GPU model: a job's traced structure, timed by factors fitted to published rows.
+
+One GPU's forward + backward per sample, for a job of one *kind* (``conv``: most FLOPs
+in convolutions; ``gemm``: matmuls and attention), is a roofline taken op group by op
+group (the trace groups the ops with FLOPs by arithmetic intensity)::
+
+    t = sum over groups of max(FLOPs / (peak x compute share),     tensor-core or CUDA-core
+                               bytes / (bandwidth x op bandwidth share))   peak, dense
+      + memory-op bytes / (bandwidth x memory bandwidth share)     elementwise, norms: unfused
+      + layout x conv bytes / bandwidth                            NCHW on tensor cores only:
+                                                                   cuDNN transposes to NHWC
+      + seconds per op x ops / micro-batch                         launches, per micro-step
+
+so the same job is compute-bound in its large GEMMs and bandwidth-bound in its 1x1
+convolutions and attention products, each by its own work per kernel (batch, channels,
+sequence), on whichever GPU. Every input but the five factors is a fact of the job
+(skylift's meta trace) or of the GPU (data sheet: dense peak at the precision,
+bandwidth). The factors are fitted per kind on the published single-GPU rows (``use:
+calibrate`` in :mod:`skylift.plan.published`), by least squares on the log of the ratio
+predicted / published; the compute share is held at or below 1. The bench machine's own
+speed enters nowhere, so a busy laptop cannot move a GPU's prediction.
+
+Across the GPUs of one node each rank's step grows by ``1 + scaling x log2(ranks)``
+(``scaling`` fitted per kind and precision class from the published 1 -> N pairs, once
+the overlapped all-reduce of :mod:`skylift.plan.ddp` is taken out): what NVIDIA's
+tables show beyond communication (input pipelines sharing the host, stragglers at each
+step's synchronisation). ``log2``: the steps of a tree of ranks; one factor fits DLE's
+4-, 8- and 16-GPU BERT rows.
+
+``fit_gpu_model(hold_out=...)`` fits without the rows of one GPU: the leave-one-GPU-out
+check of ``benchmarks/plan_published.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from skylift.machine.gpus import GpuSpec, precision_class
+from skylift.plan.ddp import ddp_communication
+from skylift.plan.published import PublishedRow, WorkloadStructure, load_published, load_structures, pairs_for_scaling
+
+__all__ = ["GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling", "predict_row",
+           "seconds_per_sample", "shipped_gpu_model", "tensor_cores"]  # fmt: skip
+
+_BOUNDS = {"compute_share": (0.05, 1.0), "bandwidth_share": (0.01, 50.0), "memory_bandwidth_share": (0.01, 50.0),
+           "layout": (1e-3, 50.0), "seconds_per_op": (1e-9, 1e-4)}  # fmt: skip
+"""Where each factor may land: a compute share at most 1 (the data sheet's dense peak);
+bandwidth shares above 1 where fused kernels move less than the unfused trace counts;
+a launch cost of at most 100 us per op."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStructure:
+    """What carries from a bench to a GPU: per sample, at the GPU's precision."""
+
+    flops_per_sample: float
+    conv_flops_per_sample: float
+    memory_op_bytes_per_sample: float
+    intensity_bins: tuple[tuple[float, float, float], ...]
+    """``(FLOPs, bytes, conv bytes)`` per sample of the ops with FLOPs, by intensity."""
+    ops_per_micro_step: int
+    channels_last: bool
+
+    @property
+    def kind(self) -> str:
+        """``conv`` when convolutions do most of the FLOPs, else ``gemm``."""
+        return "conv" if self.conv_flops_per_sample >= 0.5 * self.flops_per_sample else "gemm"
+
+    @classmethod
+    def of(cls, structure: WorkloadStructure, memory_format: str) -> JobStructure:
+        return cls(flops_per_sample=structure.flops_per_sample, conv_flops_per_sample=structure.conv_flops_per_sample,
+                   memory_op_bytes_per_sample=structure.memory_op_bytes_per_sample,
+                   intensity_bins=structure.intensity_bins, ops_per_micro_step=structure.ops_per_micro_step,
+                   channels_last=memory_format != "nchw")  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindFactors:
+    """The fitted factors of one kind of job, and the rows they came from."""
+
+    kind: str
+    compute_share: float
+    """Share of the dense peak the compute-bound op groups reach."""
+    bandwidth_share: float
+    """Share of memory bandwidth the bandwidth-bound op groups with FLOPs reach (on traced bytes)."""
+    memory_bandwidth_share: float
+    """The same for the ops without FLOPs (elementwise, norms); above 1 where fused kernels
+    move less than the unfused trace counts."""
+    layout: float
+    """Extra traffic per byte of the convolutions under NCHW on tensor cores (``conv``)."""
+    seconds_per_op: float
+    """Host and launch cost of one op, per micro-step."""
+    scaling: dict[str, float] = field(default_factory=dict)
+    """``half``/``32-bit`` -> per-rank step growth per doubling of the GPUs in a node."""
+    rows: tuple[str, ...] = ()
+    """Single-GPU rows the five factors were fitted on."""
+    scaling_rows: tuple[str, ...] = ()
+    """Multi-GPU rows the scaling factors were fitted on."""
+
+    def describe(self) -> str:
+        """The factors in one line, with the rows they came from."""
+        scaling = ", ".join(f"{name} {value:.3f}" for name, value in sorted(self.scaling.items())) or "none fitted"
+        layout = f", NCHW on tensor cores {self.layout:.2f} x conv bytes more" if self.kind == "conv" else ""
+        memory = (f"bandwidth-bound ops with FLOPs at {self.bandwidth_share:.1%} and without at "
+                  f"{self.memory_bandwidth_share:.1%} of bandwidth" if self.bandwidth_share < 0.99 *
+                  _BOUNDS["bandwidth_share"][1] else "no op group with FLOPs bandwidth-bound (its share at the "
+                  f"bound), ops without FLOPs at {self.memory_bandwidth_share:.1%} of bandwidth")  # fmt: skip
+        return (f"{self.kind}: compute-bound ops at {self.compute_share:.1%} of peak, {memory}{layout}, "
+                f"{self.seconds_per_op * 1e6:.2f} us per op per micro-step; per rank 1 + ({scaling}) x log2(GPUs in "
+                f"the node); fitted on {len(self.rows)} single-GPU rows ({', '.join(self.rows)}) and "
+                f"{len(self.scaling_rows)} multi-GPU rows ({', '.join(self.scaling_rows)})")  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuModel:
+    """Fitted factors per kind (a kind without calibrated rows is absent)."""
+
+    kinds: dict[str, KindFactors]
+    held_out: str | None = None
+    """The GPU left out of the fit (``None``: every calibrated row used)."""
+
+
+def tensor_cores(spec: GpuSpec, precision: str) -> bool:
+    """Whether ``precision`` runs on tensor cores (fp16/bf16 always; TF32 where the GPU has it)."""
+    kind = precision_class(precision)
+    return kind == "half" or (kind == "tf32" and spec.peak_tflops["tf32"] > spec.peak_tflops["fp32"])
+
+
+def seconds_per_sample(structure: JobStructure, spec: GpuSpec, precision: str, factors: KindFactors,
+                       micro_batch: int) -> dict[str, float]:  # fmt: skip
+    """One GPU's forward + backward per sample, by part: ``compute`` and ``bandwidth``
+    (the op groups on each side of the roofline), ``memory`` (ops without FLOPs),
+    ``layout`` (NCHW transposes) and ``launch``."""
+    peak = spec.peak_flops_per_s(precision) * factors.compute_share
+    bandwidth = spec.memory_bandwidth_bytes_per_s
+    compute = bound = conv_bytes = 0.0
+    for flops, moved, conv in structure.intensity_bins:
+        flops_s, bytes_s = flops / peak, moved / (bandwidth * factors.bandwidth_share)
+        compute, bound = (compute + flops_s, bound) if flops_s >= bytes_s else (compute, bound + bytes_s)
+        conv_bytes += conv
+    nchw = not structure.channels_last and tensor_cores(spec, precision) and structure.kind == "conv"
+    return {"compute": compute, "bandwidth": bound,
+            "memory": structure.memory_op_bytes_per_sample / (bandwidth * factors.memory_bandwidth_share),
+            "layout": factors.layout * conv_bytes / bandwidth if nchw else 0.0,
+            "launch": factors.seconds_per_op * structure.ops_per_micro_step / micro_batch}  # fmt: skip
+
+
+def node_scaling(factors: KindFactors, precision: str, ranks_per_node: int) -> float:
+    """How much longer each rank's step is with ``ranks_per_node`` GPUs in the node."""
+    alpha = factors.scaling.get(_scaling_class(precision), 0.0)
+    return 1.0 + alpha * math.log2(ranks_per_node) if ranks_per_node > 1 else 1.0
+
+
+def _scaling_class(precision: str) -> str:
+    return "half" if precision_class(precision) == "half" else "32-bit"
+
+
+def _least_squares(residuals, start: list[float], lower: list[float], upper: list[float]) -> list[float]:  # noqa: ANN001
+    """Levenberg-Marquardt on ``residuals(x)``, each step clipped into the box; numeric
+    Jacobian (forward differences). Deterministic: the same rows give the same factors."""
+    import numpy as np
+
+    low, high = np.array(lower), np.array(upper)
+    x = np.clip(np.array(start, dtype=float), low, high)
+    r = np.array(residuals(x))
+    cost, damping = float(r @ r), 1e-2
+    for _ in range(300):
+        jacobian = np.empty((len(r), len(x)))
+        for index in range(len(x)):
+            probe = x.copy()
+            probe[index] += 1e-6 if probe[index] + 1e-6 <= high[index] else -1e-6
+            jacobian[:, index] = (np.array(residuals(probe)) - r) / (probe[index] - x[index])
+        normal = jacobian.T @ jacobian
+        step = np.linalg.solve(normal + damping * (np.diag(np.diag(normal)) + 1e-9 * np.eye(len(x))), -jacobian.T @ r)
+        candidate = np.clip(x + step, low, high)
+        trial = np.array(residuals(candidate))
+        if (trial_cost := float(trial @ trial)) < cost:
+            improvement = cost - trial_cost
+            x, r, cost, damping = candidate, trial, trial_cost, max(damping / 3, 1e-9)
+            if improvement < 1e-12:
+                break
+        else:
+            damping *= 4
+            if damping > 1e9:
+                break
+    return [float(value) for value in x]
+
+
+def _fit_kind(kind: str, rows: list[PublishedRow], structures: dict) -> KindFactors:
+    """The five factors from single-GPU rows, in log space within :data:`_BOUNDS`."""
+    names = list(_BOUNDS)
+    lower = [math.log(_BOUNDS[name][0]) for name in names]
+    upper = [math.log(_BOUNDS[name][1]) for name in names]
+    cases = [(JobStructure.of(_structure(row, structures), row.memory_format), row) for row in rows]
+
+    def factors_at(x) -> KindFactors:  # noqa: ANN001
+        return KindFactors(kind=kind, **{name: math.exp(value) for name, value in zip(names, x, strict=True)})
+
+    def residuals(x) -> list[float]:  # noqa: ANN001
+        factors = factors_at(x)
+        return [math.log(sum(seconds_per_sample(job, row.spec, _precision(row), factors, row.batch_per_gpu).values())
+                         * row.per_gpu) for job, row in cases]  # fmt: skip
+
+    start = [math.log(value) for value in (0.5, 0.5, 0.5, 1.0, 1e-6)]
+    return replace(factors_at(_least_squares(residuals, start, lower, upper)), rows=tuple(row.row_id for row in rows))
+
+
+def _fit_scaling(factors: KindFactors, rows: list[PublishedRow], structures: dict) -> KindFactors:
+    """Per precision class, the median over 1 -> N pairs of the per-rank growth left
+    after the overlapped all-reduce, per doubling of the GPUs."""
+    by_class: dict[str, list[float]] = {}
+    used = []
+    for single, multi in pairs_for_scaling(rows):
+        step_1 = multi.batch_per_gpu / single.per_gpu
+        step_n = multi.batch_per_gpu / multi.per_gpu
+        exposed = _allreduce_s(_structure(multi, structures), multi, step_1)
+        growth = (step_n - exposed - step_1) / (step_1 * math.log2(multi.gpu_count))
+        by_class.setdefault(_scaling_class(_precision(multi)), []).append(max(0.0, growth))
+        used.append(multi.row_id)
+    return replace(factors, scaling={name: _median(values) for name, values in by_class.items()},
+                   scaling_rows=tuple(used))  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    ordered, middle = sorted(values), len(values) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _allreduce_s(structure: WorkloadStructure, row: PublishedRow, compute_s: float) -> float:
+    bus = row.intra_node_gb_s * 1e9 / 2 if row.intra_node_gb_s else None  # both directions stated; a ring sends one
+    return ddp_communication(gradient_bytes=structure.model_bytes, links=((row.gpu_count, bus),), overlaps=True,
+                             compute_s=compute_s, accumulation_steps=1).exposed_s  # fmt: skip
+
+
+def _precision(row: PublishedRow) -> str:
+    return {"amp": "bf16", "tf32": "tf32", "fp32": "fp32"}[row.precision]
+
+
+def _structure(row: PublishedRow, structures: dict) -> WorkloadStructure:
+    return structures[(row.workload, row.precision == "amp", row.batch_per_gpu)]
+
+
+def _kind(row: PublishedRow, structures: dict) -> str:
+    return JobStructure.of(_structure(row, structures), row.memory_format).kind
+
+
+def fit_gpu_model(rows: tuple[PublishedRow, ...] | None = None, hold_out: str | None = None) -> GpuModel:
+    """The factors from the calibrated rows (default: the shipped table), without any row
+    whose GPU (``a100-sxm-80gb``) or GPU family (``a100``) is ``hold_out``."""
+    structures = load_structures()
+    chosen = [row for row in (rows if rows is not None else load_published())
+              if row.use == "calibrate" and hold_out not in (row.gpu, row.family)]  # fmt: skip
+    kinds = {}
+    for kind in ("conv", "gemm"):
+        of_kind = [row for row in chosen if _kind(row, structures) == kind]
+        singles = [row for row in of_kind if row.gpu_count == 1]
+        if singles:
+            kinds[kind] = _fit_scaling(_fit_kind(kind, singles, structures), of_kind, structures)
+    return GpuModel(kinds=kinds, held_out=hold_out)
+
+
+@lru_cache(maxsize=1)
+def shipped_gpu_model() -> GpuModel:
+    """:func:`fit_gpu_model` on every calibrated row (what ``skylift plan`` uses)."""
+    return fit_gpu_model()
+
+
+def predict_row(row: PublishedRow, model: GpuModel) -> float | None:
+    """Samples/s of one GPU of ``row``'s configuration as ``model`` predicts it (``None``:
+    no factors for the row's kind)."""
+    structure = _structure(row, load_structures())
+    job = JobStructure.of(structure, row.memory_format)
+    factors = model.kinds.get(job.kind)
+    if factors is None:
+        return None
+    precision = _precision(row)
+    step_1 = sum(seconds_per_sample(job, row.spec, precision, factors, row.batch_per_gpu).values()) * row.batch_per_gpu
+    step = step_1 * node_scaling(factors, precision, row.gpu_count)
+    if row.gpu_count > 1:
+        step += _allreduce_s(structure, row, step_1)
+    return row.batch_per_gpu / step

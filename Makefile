@@ -42,9 +42,15 @@ demo: $(VENV)/.installed-base
 PYTEST_MARKERS ?= not gpu and not slow
 LANE_FAIL_S ?= 30
 PYTEST_ARGS ?=
+# PYTEST_WORKERS=2 (`make test-all PYTEST_WORKERS=2`): that many pytest-xdist worker processes,
+# each test file whole on one worker, so a module's shared runs are trained once. Each worker
+# gets its share of the cores for its own torch and every process it starts (tests/conftest.py).
+# Empty: one process, as before.
+PYTEST_WORKERS ?=
+XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=15 --lane-fail-s=$(LANE_FAIL_S) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=15 --lane-fail-s=$(LANE_FAIL_S) $(XDIST) $(PYTEST_ARGS)
 
 test-all: $(VENV)/.installed-test
 	$(MAKE) --no-print-directory test PYTEST_MARKERS="not gpu"

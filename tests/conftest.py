@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest_plugins = ["tests.lanes"]
+pytest_plugins = ["tests.lanes", "tests.xdist_order"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
@@ -35,7 +35,35 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.e
 sys.path.insert(0, str(NETGUARD_DIR))
 import skylift_netguard  # noqa: E402 - after sys.path names its folder
 
-skylift_netguard.install()
+# An xdist worker starts with the controller's PYTHONPATH, so sitecustomize installed the guard
+# before this file ran, writing to the controller's folder, which no test reads: point it here.
+skylift_netguard.install().log_dir = str(NETGUARD_LOG)
+
+
+def xdist_worker_threads() -> int | None:
+    """Under ``pytest -n N``, the CPU threads each worker and every process it starts gets.
+
+    N workers each running torch on all the cores make OpenMP threads spin-wait on each other
+    (a quickstart step: 78 ms on one thread, 816 ms on two with other jobs on the cores), so
+    the workers share the cores: ``OMP_NUM_THREADS`` (read by every child, the launcher's
+    ``setdefault`` included) and this process's own torch. One value for every process of a
+    worker keeps a test's two sides of a bitwise comparison on one thread count. A value the
+    caller exported wins. ``None`` outside xdist: a serial run is left as it was.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1:
+        return None
+    return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // workers))
+
+
+if (_worker_threads := xdist_worker_threads()) is not None:
+    os.environ["OMP_NUM_THREADS"] = str(_worker_threads)
+    torch.set_num_threads(_worker_threads)
+    # A worker starts with LINES=24 and COLUMNS=80 in its environment (pytest-xdist 3.6.1; one
+    # process has neither): every process a test starts would draw for a 24-line terminal, and
+    # Rich cuts `skylift monitor`'s frame to that. As in one process, the tests set what they need.
+    for _size in ("LINES", "COLUMNS"):
+        os.environ.pop(_size, None)
 
 
 def take_network_refusals() -> list[str]:

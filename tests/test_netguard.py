@@ -92,6 +92,12 @@ def test_this_process_runs_under_the_guard():
     assert socket.getaddrinfo.__qualname__.startswith("_guarded_resolvers")
 
 
+def test_a_refusal_in_this_process_is_written_where_the_suite_reads():
+    """Also in an xdist worker, whose guard sitecustomize installed before tests/conftest.py ran."""
+    netguard.install().refuse("connect to 203.0.113.9:443 (this test's own, never attempted)")
+    assert any("203.0.113.9" in line for line in take_network_refusals())
+
+
 CHILD = """
 import json, socket, urllib.request, skylift_netguard
 outcomes = {}

@@ -207,9 +207,10 @@ def _two_nodes_killed_after_uploading_step_28(moto_server, s3_bucket, tmp_path):
 
     url = f"s3://{s3_bucket}/two-nodes"
     overrides = [f"checkpoint.root={url}", "preemption.grace_s=5"]
-    # The threads per worker the one-node reference got (the cores over its 2 workers):
-    # another thread count sums matmuls in another order.
-    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    # The threads per worker the one-node reference got: the launcher's default, the cores over
+    # its 2 workers, unless the suite's environment set them (an xdist worker's share of the
+    # cores, tests/conftest.py). Another thread count sums matmuls in another order.
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // 2))
     env = {"SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url, "OMP_NUM_THREADS": threads}
     crashed = _two_nodes(tmp_path, overrides, {**env, "SKYLIFT_FAULT_INJECTION": "after_upload:step=28:rank=1"})
     assert all(code != 0 for code, _ in crashed), crashed

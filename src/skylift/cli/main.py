@@ -6,6 +6,8 @@ Only argparse is imported up front, so ``skylift --help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import sys
 
@@ -49,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from skylift.errors import EXIT_CONFIG_ERROR, SkyliftConfigError
 
+    # Freeze the heap at exit instead of the interpreter's last collections walking every object
+    # torch left: ~0.3 s of CPU for a process that only imported it, ~1 s for one that trained
+    # (see skylift.cli.run._skip_collections_at_exit); reference counting still frees what it
+    # frees. Registered first, so called after every exit handler a command or library adds.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

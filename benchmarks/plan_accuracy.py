@@ -53,8 +53,8 @@ REPEATS = 3
 """Bench runs per measurement, each in fresh processes; rows report the median and range."""
 
 NOTES = [
-    "Measured on a 2-core machine shared with other engineers' test runs: wall times, and so samples/s, "
-    "are inflated and vary with their load (others' CPU share is recorded per run).",
+    "Wall times, and so samples/s, vary with whatever else runs on the machine: others' CPU share is "
+    "recorded per run, and the last note says how much it was.",
     "Each figure is the median of REPEATS fresh-process benches with its min-max range; a predicted range "
     "comes from predicting once from each repeat of the source measurement.",
     "compute_source says whether the prediction's forward/backward point was timed by the source bench's "

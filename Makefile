@@ -42,12 +42,13 @@ demo: $(VENV)/.installed-base
 PYTEST_MARKERS ?= not gpu and not slow
 LANE_FAIL_S ?= 30
 PYTEST_ARGS ?=
-# PYTEST_WORKERS=2 (`make test-all PYTEST_WORKERS=2`): that many pytest-xdist worker processes,
-# each test file whole on one worker, so a module's shared runs are trained once. Each worker
-# gets its share of the cores for its own torch and every process it starts (tests/conftest.py).
-# Empty: one process, as before.
-PYTEST_WORKERS ?=
-XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadfile)
+# PYTEST_WORKERS: that many pytest-xdist worker processes, each test file whole on one worker,
+# so a module's shared runs are trained once. Each worker gets its share of the cores for its
+# own torch and every process it starts (tests/conftest.py). Two by default: most of an
+# end-to-end test is a Python start importing torch, which leaves one process's second core
+# idle. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=15 --lane-fail-s=$(LANE_FAIL_S) $(XDIST) $(PYTEST_ARGS)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from skylift.storage import open_store
-from tests.checkpoint.runs import lean_train
+from tests.checkpoint.runs import lean_train, lean_train_in_fixture
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -18,9 +18,11 @@ def store(request, tmp_path):
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """The uninterrupted single-process run that killed-and-resumed runs must equal."""
+    """The uninterrupted single-process run that killed-and-resumed runs must equal. In this
+    process (:func:`~tests.checkpoint.runs.lean_train_in_fixture`): nothing about it is a
+    process boundary, and on one thread it equals :func:`lean_train`'s subprocess bit for bit."""
     run_dir = tmp_path_factory.mktemp("reference")
-    result = lean_train(run_dir)
+    result = lean_train_in_fixture(run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 

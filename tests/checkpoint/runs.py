@@ -1,11 +1,19 @@
-"""Helpers for tests that train real runs in subprocesses and compare them bitwise."""
+"""Helpers for tests that train real runs in subprocesses and compare them bitwise.
+
+A single-process run whose start is not under test can run in the test's own process
+instead (:func:`train_here`, :func:`lean_train_here`; :func:`run_here` and
+:func:`lean_train_in_fixture` for a module- or session-scoped fixture), on one thread inside
+:func:`state_kept`: it equals :func:`train`'s subprocess bit for bit, without a Python start
+that imports torch (about 4.5 CPU-s)."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +57,58 @@ def train(run_dir: Path, *overrides: str, nproc: int = 1, env: dict[str, str] | 
           lean: bool = False):
     return run_cli(*train_arguments(run_dir, *overrides, nproc=nproc, lean=lean), env=train_environment(nproc, env),
                    timeout_s=timeout_s)
+
+
+def train_here(cli_here, run_dir: Path, *overrides: str, env: dict[str, str] | None = None,
+               lean: bool = False) -> subprocess.CompletedProcess:
+    """:func:`train`'s single-process run in this process: the same arguments through the
+    ``cli_here`` fixture inside :func:`state_kept` (one thread, as :data:`ONE_THREAD` gives
+    :func:`train`'s subprocess, so the two equal bit for bit). For a run whose start is not
+    under test (a reference, a resume whose output is only read, a run that sets up a
+    checkpoint): it costs its training only, not a Python start with torch (about 4.5 CPU-s).
+    A kill, a signal, an exit code of a process or torchrun's workers need :func:`train`."""
+    with state_kept():
+        return cli_here(*train_arguments(run_dir, *overrides, lean=lean), env=env)
+
+
+def lean_train_here(cli_here, run_dir: Path, *overrides: str, env: dict[str, str] | None = None):
+    """:func:`train_here` without the doctor's checks and the HTML report (see :data:`LEAN`)."""
+    return train_here(cli_here, run_dir, *overrides, env=env, lean=True)
+
+
+def run_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``skylift ARGS`` in this process, for a module- or session-scoped fixture (which cannot
+    use the function-scoped ``cli_here``): from the repository root, ``env`` set for the call,
+    stdout and stderr captured, inside :func:`state_kept`; returned as ``cli`` returns it."""
+    from skylift.cli.main import main
+
+    stdout, stderr, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    with state_kept(), _redirected(stdout, stderr):
+        os.environ.update(env or {})  # state_kept puts the environment back
+        os.chdir(REPO_ROOT)
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's own usage errors
+            code = exit_.code
+        finally:
+            os.chdir(cwd)
+    return subprocess.CompletedProcess(["skylift", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def lean_train_in_fixture(run_dir: Path, *overrides: str, env: dict[str, str] | None = None):
+    """:func:`lean_train`'s single-process run through :func:`run_here`: a reference for a
+    module- or session-scoped fixture, equal bit for bit to :func:`lean_train`'s subprocess."""
+    return run_here(*train_arguments(run_dir, *overrides, lean=True), env=env)
+
+
+@contextmanager
+def _redirected(stdout: io.StringIO, stderr: io.StringIO) -> Iterator[None]:
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = stdout, stderr
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def train_arguments(run_dir: Path, *overrides: str, nproc: int = 1, lean: bool = False) -> list[str]:
@@ -128,8 +188,11 @@ def state_kept() -> Iterator[None]:
     gives a subprocess: what the run sets for the whole process put back afterwards. It points
     the ``skylift`` logger at this test's captured stderr and stops it propagating (later
     tests' ``caplog`` would see nothing); ``deterministic`` and the seeds are process-wide; a
-    recipe or model named by file path puts its folder on ``sys.path``."""
+    recipe or model named by file path puts its folder on ``sys.path``. The environment (a run
+    sets ``CUBLAS_WORKSPACE_CONFIG``) and the SIGTERM and SIGINT handlers come back too."""
     logger = logging.getLogger("skylift")
+    environment = dict(os.environ)
+    handlers_by_signal = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
     handlers, level, propagate, search_path = list(logger.handlers), logger.level, logger.propagate, list(sys.path)
     deterministic = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -144,6 +207,12 @@ def state_kept() -> Iterator[None]:
         torch.set_rng_state(generators[0])
         random.setstate(generators[1])
         numpy.random.set_state(generators[2])
+        if dict(os.environ) != environment:
+            os.environ.clear()
+            os.environ.update(environment)
+        for number, handler in handlers_by_signal.items():
+            if handler is not None and signal.getsignal(number) is not handler:
+                signal.signal(number, handler)
 
 
 def summary(run_dir: Path) -> dict:

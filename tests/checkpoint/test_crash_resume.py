@@ -1,8 +1,11 @@
 """Real kills, real servers: a run loses nothing and resumes bit for bit.
 
-Every run here is a subprocess of ``python -m skylift run``. Crashes are real
+Every run that is killed is a subprocess of ``python -m skylift run``. Crashes are real
 SIGKILLs delivered at named points (``SKYLIFT_FAULT_INJECTION``), S3 is a moto
-server on 127.0.0.1, and faults come from a loopback proxy.
+server on 127.0.0.1, and faults come from a loopback proxy. A single-process run that is
+not killed (the resume after the last kill, a run that only sets up a checkpoint, the run
+under S3 faults) trains in this process (``lean_train_here``): its start is not under test,
+and on one thread it equals a subprocess's run bit for bit.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tests.checkpoint.runs import (
     ONE_THREAD,
     assert_same_run,
     lean_train,
+    lean_train_here,
     records,
     state_kept,
     summary,
@@ -46,7 +50,7 @@ def _kill_plan(seed: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "s3"])
-def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, reference, tmp_path, request):
+def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, reference, tmp_path, request, cli_here):
     run_dir = tmp_path / "run"
     overrides, env = [], {}
     if backend == "s3":
@@ -58,7 +62,8 @@ def test_kill9_at_five_points_then_resume_equals_uninterrupted(backend, referenc
     for point in plan:
         result = lean_train(run_dir, *overrides, env={**env, "SKYLIFT_FAULT_INJECTION": point})
         assert result.returncode == KILLED, f"{point} did not kill the run:\n{result.stderr[-2000:]}"
-    final = lean_train(run_dir, *overrides, env=env)
+    # The resume after the last kill: in this process, as the reference ran.
+    final = lean_train_here(cli_here, run_dir, *overrides, env=env)
     assert final.returncode == 0, final.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] is not None
     assert_same_run(run_dir, reference)
@@ -83,7 +88,7 @@ def test_rank_dying_mid_write_keeps_the_previous_commit(reference_ddp, tmp_path)
 @pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_path, cli_here):
     run_dir = tmp_path / "run"
-    assert lean_train(run_dir, "schedule.max_steps=30").returncode == 0
+    assert lean_train_here(cli_here, run_dir, "schedule.max_steps=30").returncode == 0
     store = open_store(str(run_dir / "checkpoints"))
     assert committed_steps(store)[-2:] == [28, 30]
     model_file = run_dir / "checkpoints" / "step-30" / "model.safetensors"
@@ -150,7 +155,7 @@ def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(
 
 
 @pytest.mark.slow
-def test_s3_faults_and_a_server_restart_mid_run_lose_nothing(reference, moto_server, s3_bucket, tmp_path):
+def test_s3_faults_and_a_server_restart_mid_run_lose_nothing(reference, moto_server, s3_bucket, tmp_path, cli_here):
     proxy = FaultyProxy(moto_server.port)
     run_dir = tmp_path / "run"
 
@@ -169,8 +174,9 @@ def test_s3_faults_and_a_server_restart_mid_run_lose_nothing(reference, moto_ser
     injector = threading.Thread(target=inject, daemon=True)
     injector.start()
     try:
-        result = lean_train(run_dir, f"checkpoint.root=s3://{s3_bucket}/run",
-                            env={"SKYLIFT_S3_ENDPOINT_URL": proxy.endpoint_url})
+        # In this process: the retries are under test, not a process start.
+        result = lean_train_here(cli_here, run_dir, f"checkpoint.root=s3://{s3_bucket}/run",
+                                 env={"SKYLIFT_S3_ENDPOINT_URL": proxy.endpoint_url})
         injector.join(timeout=30)
     finally:
         proxy.close()

@@ -1,4 +1,7 @@
-"""Disk full on a real tmpfs, and credentials that must never leak."""
+"""Disk full on a real tmpfs, and credentials that must never leak.
+
+A single-process run here trains in this process (``train_here``): what it writes, keeps and
+prints is under test, not its start; the two-process run stays torchrun."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from skylift.checkpoint.state import capture
 from skylift.config import load_config
 from skylift.recipes.image_classification import ImageClassification
 from skylift.storage import open_store
-from tests.checkpoint.runs import lean_train, records, summary, train
+from tests.checkpoint.runs import lean_train, lean_train_here, records, summary, train_here
 from tests.servers import SENTINEL_KEY_ID, SENTINEL_SECRET, SENTINEL_TOKEN
 
 
@@ -52,10 +55,11 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def test_disk_full_abandons_the_save_keeps_the_previous_and_continues(small_disk, tmp_path):
+def test_disk_full_abandons_the_save_keeps_the_previous_and_continues(small_disk, tmp_path, cli_here):
     root = small_disk(world_size=1)
     run_dir = tmp_path / "run"
-    result = lean_train(run_dir, f"checkpoint.root={root}", "checkpoint.keep=2", "checkpoint.on_failure=continue")
+    result = lean_train_here(cli_here, run_dir, f"checkpoint.root={root}", "checkpoint.keep=2",
+                             "checkpoint.on_failure=continue")
     assert result.returncode == 0, result.stderr[-3000:]
     assert committed_steps(open_store(str(root))) == [7, 14]
     failed = [record for record in records(run_dir, "checkpoint") if not record["committed"]]
@@ -81,16 +85,19 @@ def test_disk_full_with_exit_policy_stops_every_rank(small_disk, tmp_path):
 
 
 @pytest.mark.slow
-def test_sentinel_credentials_never_appear_anywhere(moto_server, s3_bucket, tmp_path):
-    # train, not lean_train: the doctor's output and the HTML report are places to leak too.
+def test_sentinel_credentials_never_appear_anywhere(moto_server, s3_bucket, tmp_path, cli_here):
+    # train_here, not lean_train_here: the doctor's output and the HTML report are places to leak
+    # too. In this process, with the sentinels in its environment for the call: what the run
+    # prints and writes is under test, not its start.
     sentinels = [SENTINEL_KEY_ID, SENTINEL_SECRET, SENTINEL_TOKEN,
                  f"hf_sentinel_{uuid.uuid4().hex}", f"wandb_sentinel_{uuid.uuid4().hex}"]
     env = {"HF_TOKEN": sentinels[3], "WANDB_API_KEY": sentinels[4], "SKYLIFT_LOG_LEVEL": "DEBUG",
            "SKYLIFT_S3_ENDPOINT_URL": moto_server.endpoint_url}
     run_dir = tmp_path / "run"
-    good = train(run_dir, f"checkpoint.root=s3://{s3_bucket}/run", "schedule.max_steps=15", env=env)
+    good = train_here(cli_here, run_dir, f"checkpoint.root=s3://{s3_bucket}/run", "schedule.max_steps=15", env=env)
     assert good.returncode == 0, good.stderr[-2000:]
-    broken = train(tmp_path / "broken", "checkpoint.root=s3://no-such-bucket/run", "schedule.max_steps=15", env=env)
+    broken = train_here(cli_here, tmp_path / "broken", "checkpoint.root=s3://no-such-bucket/run",
+                        "schedule.max_steps=15", env=env)
     assert broken.returncode == 1 and "no-such-bucket" in broken.stderr
     texts = [good.stdout, good.stderr, broken.stdout, broken.stderr]
     texts += [path.read_text(errors="replace") for path in tmp_path.rglob("*") if path.is_file()]

@@ -10,6 +10,12 @@ Real ``python -m skylift run`` subprocesses and a real loopback HTTP metadata se
 * running the same command again resumes from that step, exits 0, and ends with
   weights and per-step losses bitwise equal to an uninterrupted run.
 
+The preempted runs are subprocesses (the signal, the exit code 143 and the metadata
+server read at start-up are a process's). A single-process run that is neither signalled
+nor noticed (the uninterrupted reference, the resume that follows a stop) runs in this
+process (:func:`_run_here`) under exactly the environment its subprocess would get: its
+start is not under test, and on one thread it equals the subprocess's run bit for bit.
+
 Every subprocess points ``SKYLIFT_METADATA_ENDPOINT`` at 127.0.0.1 (the fake server,
 or a port where nothing listens), so nothing here can reach a real metadata address.
 """
@@ -36,7 +42,7 @@ from skylift.checkpoint.manifest import read_manifest, read_verified
 from skylift.cloud.notice import CLOUDS
 from skylift.errors import EXIT_REQUEUE
 from skylift.storage import open_store
-from tests.checkpoint.runs import LEAN, ONE_THREAD
+from tests.checkpoint.runs import LEAN, ONE_THREAD, run_here, state_kept
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT
 from tests.process_family import ProcessFamily
@@ -158,6 +164,16 @@ def running(run_dir: Path, *, nproc: int = 1, env: dict[str, str], overrides: tu
         run.kill()
 
 
+def _run_here(run_dir: Path, *, env: dict[str, str], overrides: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """:class:`Run`'s single-process command in this process, with ``os.environ`` exactly
+    ``env`` (what the subprocess would get; put back afterwards) and one thread (as
+    :data:`ONE_THREAD` gives the subprocess)."""
+    with state_kept():
+        os.environ.clear()
+        os.environ.update(env)
+        return run_here(*_command(run_dir, 1, overrides)[3:])  # less `python -m skylift`
+
+
 def train_to_end(run_dir: Path, *, nproc: int = 1, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Run:
     """Run to the end; fail unless it exits 0."""
     with running(run_dir, nproc=nproc, env=env, overrides=overrides) as run:
@@ -203,6 +219,31 @@ class Reference:
     weights: dict[str, torch.Tensor]
 
 
+def _reference_in(run_dir: Path) -> Reference:
+    """An uninterrupted run's folder, checked: every step trained and logged."""
+    summary = _summary(run_dir)
+    assert summary["steps"] == MAX_STEPS and summary["stopped_early"] is None, summary
+    losses = _losses_by_step(run_dir)
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    return Reference(run_dir, losses, load_file(run_dir / "model.safetensors"))
+
+
+class ReferenceHere:
+    """An uninterrupted single-process run in this process (:func:`_run_here`), trained at
+    the first :meth:`get`; used as a :class:`ReferenceRun` is."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._result: Reference | None = None
+
+    def get(self) -> Reference:
+        if self._result is None:
+            result = _run_here(self.run_dir, env=_environment())
+            assert result.returncode == 0, f"the reference run failed: {result.stderr[-4000:]}"
+            self._result = _reference_in(self.run_dir)
+        return self._result
+
+
 class ReferenceRun:
     """An uninterrupted run started at once in the background; :meth:`get` waits for it."""
 
@@ -214,23 +255,15 @@ class ReferenceRun:
         if self._result is None:
             run = self.run
             assert run.wait() == 0, f"the reference run failed: {run.explain()}"
-            summary = _summary(run.run_dir)
-            assert summary["steps"] == MAX_STEPS and summary["stopped_early"] is None, summary
-            losses = _losses_by_step(run.run_dir)
-            assert sorted(losses) == list(range(1, MAX_STEPS + 1))
-            self._result = Reference(run.run_dir, losses, load_file(run.run_dir / "model.safetensors"))
+            self._result = _reference_in(run.run_dir)
         return self._result
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceRun]:
-    """One uninterrupted single-process run with the shared overrides, computed while
-    the first test runs."""
-    background = ReferenceRun(tmp_path_factory.mktemp("reference") / "run", nproc=1)
-    try:
-        yield background
-    finally:
-        background.run.kill()
+def reference(tmp_path_factory: pytest.TempPathFactory) -> ReferenceHere:
+    """One uninterrupted single-process run with the shared overrides, in this process
+    when the first test compares with it."""
+    return ReferenceHere(tmp_path_factory.mktemp("reference") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -277,10 +310,16 @@ def assert_preempted_and_committed(run: Run, *, world_size: int) -> tuple[dict, 
     return record, stopped_at
 
 
-def assert_resumes_exactly(run_dir: Path, stopped_at: int, background: ReferenceRun, *, nproc: int, env: dict,
-                           overrides: tuple[str, ...] = ()) -> Run:
-    """Run the same command again: resume from ``stopped_at``, exit 0, equal the reference."""
-    rerun = train_to_end(run_dir, nproc=nproc, env=env, overrides=overrides)
+def assert_resumes_exactly(run_dir: Path, stopped_at: int, background: ReferenceRun | ReferenceHere, *, nproc: int,
+                           env: dict, overrides: tuple[str, ...] = ()) -> Run | subprocess.CompletedProcess:
+    """Run the same command again: resume from ``stopped_at``, exit 0, equal the reference.
+    One process resumes in this process (:func:`_run_here`): nothing stops it, it only reads
+    the checkpoint; torchrun's ranks stay a launched job."""
+    if nproc == 1:
+        rerun = _run_here(run_dir, env=env, overrides=overrides)
+        assert rerun.returncode == 0, f"exit code {rerun.returncode}\n{rerun.stderr[-4000:]}"
+    else:
+        rerun = train_to_end(run_dir, nproc=nproc, env=env, overrides=overrides)
     reference = background.get()
     summary = _summary(run_dir)
     assert summary["resumed_from_step"] == stopped_at, summary

@@ -1,5 +1,10 @@
 """``checkpoint.local_root``: commit on this node's disk first, then upload to S3; resume
-reads each file locally when its copy verifies, else from S3 (a moto server on 127.0.0.1)."""
+reads each file locally when its copy verifies, else from S3 (a moto server on 127.0.0.1).
+
+Kills and two-process runs are subprocesses; a single-process run that is not killed (a
+resume, a run whose files are only read, a config error) runs in this process
+(``lean_train_here``): its start is not under test, and on one thread it equals the
+subprocess's run bit for bit."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import pytest
 
 from skylift.checkpoint.manifest import committed_steps
 from skylift.storage import open_store
-from tests.checkpoint.runs import assert_same_run, lean_train, records, summary
+from tests.checkpoint.runs import assert_same_run, lean_train, lean_train_here, records, summary
 
 KILLED = -9
 BUCKET = "skylift-test"  # the bucket the s3_bucket fixture makes
@@ -73,9 +78,9 @@ def _local_store(local):
     return open_store(str(folder))
 
 
-def test_every_save_commits_locally_and_in_the_root(tiered, tmp_path):
+def test_every_save_commits_locally_and_in_the_root(tiered, tmp_path, cli_here):
     overrides, env, remote, local = tiered
-    result = lean_train(tmp_path / "run", *overrides, "schedule.max_steps=21", env=env)
+    result = lean_train_here(cli_here, tmp_path / "run", *overrides, "schedule.max_steps=21", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     local_store = _local_store(local)
     assert committed_steps(remote) == committed_steps(local_store) == [7, 14, 21]  # keep: 3
@@ -87,7 +92,7 @@ def test_every_save_commits_locally_and_in_the_root(tiered, tmp_path):
     assert saves and all(save["uploaded"] and 0 < save["local_commit_s"] <= save["write_s"] for save in saves)
 
 
-def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, reference, tmp_path):
+def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, reference, tmp_path, cli_here):
     """The upload of step 28 is cut short: S3's newest is 21, the node's disk has 28."""
     overrides, env, remote, local = tiered
     run_dir = tmp_path / "run"
@@ -96,7 +101,7 @@ def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, referenc
     assert committed_steps(remote)[-1] == 21
     assert committed_steps(_local_store(local))[-1] == 28
 
-    resumed = lean_train(run_dir, *overrides, env=env)
+    resumed = lean_train_here(cli_here, run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert f"6 of 6 files from the local copy {local}" in resumed.stderr
@@ -104,7 +109,7 @@ def test_kill_during_upload_resumes_from_the_local_copy_exactly(tiered, referenc
 
 
 @pytest.mark.slow
-def test_corrupt_local_file_is_read_from_the_root_instead(killed_at_step_30, tiered, reference, tmp_path):
+def test_corrupt_local_file_is_read_from_the_root_instead(killed_at_step_30, tiered, reference, tmp_path, cli_here):
     overrides, env, remote, local = tiered
     run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)
     model_file = _local_store(local).path("step-28/model.safetensors")
@@ -112,7 +117,7 @@ def test_corrupt_local_file_is_read_from_the_root_instead(killed_at_step_30, tie
     data[-3] ^= 0x01
     model_file.write_bytes(bytes(data))
 
-    resumed = lean_train(run_dir, *overrides, env=env)
+    resumed = lean_train_here(cli_here, run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert "step-28/model.safetensors does not match the manifest" in resumed.stderr
@@ -121,19 +126,19 @@ def test_corrupt_local_file_is_read_from_the_root_instead(killed_at_step_30, tie
 
 
 @pytest.mark.slow
-def test_lost_local_disk_resumes_from_the_root(killed_at_step_30, tiered, reference, tmp_path):
+def test_lost_local_disk_resumes_from_the_root(killed_at_step_30, tiered, reference, tmp_path, cli_here):
     overrides, env, remote, local = tiered
     run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)
     shutil.rmtree(local)  # a new VM: the node's disk is gone, S3 is not
 
-    resumed = lean_train(run_dir, *overrides, env=env)
+    resumed = lean_train_here(cli_here, run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert_same_run(run_dir, reference)
 
 
-def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path):
-    result = lean_train(tmp_path / "run", f"checkpoint.local_root={tmp_path / 'disk'}")
+def test_local_root_without_an_object_store_root_is_a_clear_error(tmp_path, cli_here):
+    result = lean_train_here(cli_here, tmp_path / "run", f"checkpoint.local_root={tmp_path / 'disk'}")
     assert result.returncode == 2
     assert "checkpoint.local_root" in result.stderr and "object store" in result.stderr
 
@@ -157,12 +162,13 @@ def test_two_ranks_resume_from_the_local_copy_after_a_rank_dies_mid_upload(tiere
 
 
 @pytest.mark.slow
-def test_corrupt_local_manifest_is_named_and_the_roots_is_used(killed_at_step_30, tiered, reference, tmp_path):
+def test_corrupt_local_manifest_is_named_and_the_roots_is_used(killed_at_step_30, tiered, reference, tmp_path,
+                                                                cli_here):
     overrides, env, remote, local = tiered
     run_dir = _copy_of(killed_at_step_30, tiered, tmp_path)
     _local_store(local).path("step-28/manifest.json").write_text("{not json")
 
-    resumed = lean_train(run_dir, *overrides, env=env)
+    resumed = lean_train_here(cli_here, run_dir, *overrides, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == 28
     assert "used the root's manifest" in resumed.stderr and "step-28/manifest.json" in resumed.stderr

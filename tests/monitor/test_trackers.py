@@ -15,12 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.runs import records, train
-from tests.conftest import REPO_ROOT
+from tests.checkpoint.runs import records, state_kept, train, train_arguments
 from tests.servers import free_port
 
 pytest.importorskip("mlflow")
 STEPS = ("schedule.max_steps=30", "monitor.log_every_steps=5")
+
+
+def _train_here(cli_here, run_dir: Path, *overrides: str):
+    """:func:`train`'s run in this process (``cli_here`` in ``state_kept``: one thread, as
+    ``train`` gives its subprocess), for a run whose start is not under test: a resume or a run
+    whose exports are only read. The exporter talks to MLflow through its client, whose import
+    this process has already paid (this module imports it); a ``skylift run`` pays it and torch's.
+
+    MLflow decides at import whether it runs under a test (``PYTEST_CURRENT_TEST``, which a
+    test's subprocess inherits): here it was imported at collection, before pytest sets that,
+    so its usage telemetry would try to reach config.mlflow-telemetry.io from the run's calls
+    (the network guard fails the test). ``MLFLOW_DISABLE_TELEMETRY``, read at every call, turns
+    it off for the run as the inherited variable does in a subprocess."""
+    with state_kept():
+        return cli_here(*train_arguments(run_dir, *overrides), env={"MLFLOW_DISABLE_TELEMETRY": "true"})
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -49,16 +63,16 @@ def _mlflow_run(tracking_uri: str):
 
 
 @pytest.mark.slow
-def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_run(mlflow_schema, tmp_path):
+def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_run(mlflow_schema, cli_here, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{shutil.copy(mlflow_schema, tmp_path / 'mlflow.db')}"
     assert MlflowClient(tracking_uri=uri).search_experiments()  # the team's store exists before the job (schema made)
     run_dir = tmp_path / "run"
     exporting = ("monitor.exporters=[mlflow]", f"monitor.mlflow.tracking_uri={uri}", *STEPS)
-    killed = train(run_dir, *exporting, env={"SKYLIFT_FAULT_INJECTION": "step_end:step=17"})
+    killed = train(run_dir, *exporting, env={"SKYLIFT_FAULT_INJECTION": "step_end:step=17"})  # a real SIGKILL
     assert killed.returncode == -9
-    resumed = train(run_dir, *exporting)
+    resumed = _train_here(cli_here, run_dir, *exporting)  # only what it exports is read
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     client, runs = _mlflow_run(uri)
     assert len(runs) == 1, [run.info.run_id for run in runs]  # the kill and the resume: one MLflow run
@@ -76,7 +90,7 @@ def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_ru
 
 
 @pytest.mark.slow
-def test_mlflow_through_a_real_tracking_server_on_loopback(mlflow_schema, tmp_path):
+def test_mlflow_through_a_real_tracking_server_on_loopback(mlflow_schema, cli_here, tmp_path):
     port = free_port()
     store = shutil.copy(mlflow_schema, tmp_path / "server.db")
     server = subprocess.Popen(
@@ -88,7 +102,9 @@ def test_mlflow_through_a_real_tracking_server_on_loopback(mlflow_schema, tmp_pa
     try:
         _wait_for_http(f"{uri}/health", server)
         run_dir = tmp_path / "run"
-        result = train(run_dir, "monitor.exporters=[mlflow]", f"monitor.mlflow.tracking_uri={uri}", *STEPS)
+        # The server is the real process here; the run that talks to it over HTTP trains in this one.
+        result = _train_here(cli_here, run_dir, "monitor.exporters=[mlflow]", f"monitor.mlflow.tracking_uri={uri}",
+                             *STEPS)
         assert result.returncode == 0, result.stderr[-3000:]
         client, runs = _mlflow_run(uri)
         (run,) = runs

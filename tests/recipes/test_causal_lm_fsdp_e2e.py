@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from skylift.checkpoint.manifest import committed_steps, read_manifest
 from skylift.storage import open_store
-from tests.checkpoint.runs import losses_by_step, summary
+from tests.checkpoint.runs import losses_by_step, state_kept, summary
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -30,12 +30,15 @@ EXACT = ("precision=fp32", "deterministic=true", f"schedule.max_steps={STEPS}", 
          "monitor.tensorboard=false", "monitor.report=false", "distributed.strategy=fsdp")
 
 
-def _train(run_dir, *, nproc: int = 2, env: dict[str, str] | None = None):
+def _train(run_dir, *, nproc: int = 2, env: dict[str, str] | None = None, cli=None):
+    """The run in a subprocess, or with ``cli`` (``cli_here`` inside state_kept) in this one."""
     args = ["run", "examples/causal-lm-cpu.yaml", "--no-doctor", "--json", "--set", f"run_dir={run_dir}"]
     for override in EXACT:
         args += ["--set", override]
     if nproc > 1:
         args += ["--nproc", str(nproc)]
+    if cli is not None:
+        return cli(*args, env=env)
     return run_cli(*args, env={**({"OMP_NUM_THREADS": "1"} if nproc == 1 else {}), **(env or {})}, timeout_s=400)
 
 
@@ -90,10 +93,14 @@ def test_killed_sharded_run_resumes_exactly_and_exports_a_loadable_hugging_face_
         assert torch.equal(trained(tokens).logits, model(tokens).logits)
 
 
-def test_a_two_rank_sharded_checkpoint_continues_on_one_process(reference, killed, tmp_path):
+def test_a_two_rank_sharded_checkpoint_continues_on_one_process(reference, killed, tmp_path, cli_here):
     one = tmp_path / "one"
     shutil.copytree(killed, one)
-    resumed = _train(one, nproc=1)
+    # In this process, on one thread (state_kept): the resharding onto one rank is under test,
+    # not a process start (~5 s of imports). Its one-rank process group is an in-memory one
+    # the trainer ends when the run does (FSDPSharding.release).
+    with state_kept():
+        resumed = _train(one, nproc=1, cli=cli_here)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     done = summary(one)
     assert (done["resumed_from_step"], done["steps"], done["world_size"]) == (8, STEPS, 1)

@@ -57,7 +57,9 @@ def test_two_nodes_start_from_the_platforms_environment(platform, tmp_path):
              if not key.startswith(("PET_", "SKYPILOT_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK"))}
     nodes = []
     for rank in (0, 1):
-        command = [sys.executable, "-c", _ENTRY, "run", "examples/quickstart.yaml", "--json",
+        # --no-doctor: the doctor's job checks are not read here and cost each node's launcher
+        # an import of torch._dynamo; the platform's variables are read before them, either way.
+        command = [sys.executable, "-c", _ENTRY, "run", "examples/quickstart.yaml", "--json", "--no-doctor",
                    "--set", "schedule.max_steps=3", "--set", "schedule.warmup_steps=1",
                    "--set", f"run_dir={tmp_path / f'run-{rank}'}", "--set", "monitor.report=false",
                    "--set", "monitor.tensorboard=false",  # neither the report nor TensorBoard is read here

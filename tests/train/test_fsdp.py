@@ -43,7 +43,7 @@ from skylift.train.sharding import (
     mixed_precision,
     select_blocks,
 )
-from tests.checkpoint.runs import lean_train, records, summary
+from tests.checkpoint.runs import lean_train, records, state_kept, summary, train_arguments
 from tests.conftest import run_cli
 
 FP32 = PrecisionPolicy("fp32", None, False, False, "test")
@@ -502,16 +502,30 @@ def test_an_own_loop_under_fsdp_equals_it_under_ddp(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_under_fsdp_compiles_the_innermost_blocks(tmp_path):
+def test_compile_under_fsdp_compiles_the_innermost_blocks(cli_here, monkeypatch, tmp_path):
     """One rank, nested blocks: the three inner ``Sequential`` blocks are compiled, the one
-    holding them is not (its sharded children would break its graph)."""
+    holding them is not (its sharded children would break its graph). Both runs in this
+    process (``state_kept``: one thread): graphs and names are under test, not a process start.
+    dynamo is reset around each run, so the compiled one compiles from nothing as a fresh
+    process does; ``compile_threads=1`` builds the kernels here, not in a pool of workers that
+    would outlive the test (it decides where kernels are built, not what they compute)."""
+    import torch._dynamo
+    import torch._inductor.config
+
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     compiled_before = len(list(cache.rglob("*.py"))) if cache.exists() else 0
     overrides = ("distributed.strategy=fsdp", "distributed.fsdp.block_types=[Sequential]", "schedule.max_steps=4",
                  "schedule.warmup_steps=2", "checkpoint.enabled=false")
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
     for name, extra in (("eager", ()), ("compiled", ("compile.enabled=true",))):
-        result = lean_train(tmp_path / name, *overrides, *extra)
+        torch._dynamo.reset()
+        try:
+            with state_kept():
+                result = cli_here(*train_arguments(tmp_path / name, *overrides, *extra, lean=True))
+        finally:
+            torch._dynamo.reset()
         assert result.returncode == 0, result.stderr[-4000:]
+        assert not dist.is_initialized()  # the run's one-rank group is gone: nothing leaks to later tests
     assert len(list(cache.rglob("*.py"))) > compiled_before  # inductor wrote kernels
     eager, compiled = (load_file(tmp_path / name / "model.safetensors") for name in ("eager", "compiled"))
     assert compiled.keys() == eager.keys()  # compiled in place: no _orig_mod. in the names

@@ -12,7 +12,7 @@ from skylift.config import load_config
 from skylift.data.images import EncodedBatch
 from skylift.errors import SkyliftConfigError
 from skylift.train.micro_batch import _largest_fitting, slice_batch
-from tests.checkpoint.runs import train_environment
+from tests.checkpoint.runs import state_kept, train_environment
 
 QUICKSTART = "examples/quickstart.yaml"
 # 96 px synthetic images through the small CNN: each halving of the micro-batch frees
@@ -45,7 +45,7 @@ def _start(records: list[dict]) -> dict:
 
 
 @pytest.mark.slow
-def test_auto_under_a_cap_takes_the_largest_fitting_divisor_and_trains_as_that_size(cli, tmp_path):
+def test_auto_under_a_cap_takes_the_largest_fitting_divisor_and_trains_as_that_size(cli, cli_here, tmp_path):
     free = _start(_run(cli, tmp_path / "free", "--set", "data.micro_batch_size=auto", "--set", "schedule.max_steps=1"))
     assert free["micro_batch"]["chosen"] == 64 and free["accumulation_steps"] == 1
     (whole,) = free["micro_batch"]["trials"]  # the whole per-rank batch fit: one trial
@@ -63,8 +63,12 @@ def test_auto_under_a_cap_takes_the_largest_fitting_divisor_and_trains_as_that_s
     assert not trials[above]["fits"] and trials[above]["needed_bytes"] > choice["limit_bytes"]
     assert _start(records)["micro_batch_size"] == chosen
 
-    # The trials leave no trace: the same run configured with that size is identical.
-    fixed = _run(cli, tmp_path / "fixed", "--set", f"data.micro_batch_size={chosen}")
+    # The trials leave no trace: the same run configured with that size is identical. That
+    # run has no trials and no cap, so it trains in this process (``state_kept``: one thread,
+    # as the subprocess has): the two runs above stay processes, as their trials measure a
+    # process's peak resident set, and the pytest process's would be another.
+    with state_kept():
+        fixed = _run(cli_here, tmp_path / "fixed", "--set", f"data.micro_batch_size={chosen}")
     assert _start(fixed)["accumulation_steps"] == choice["accumulation_steps"]
     losses = [r["loss"] for r in records if r["kind"] == "train"]
     assert losses and losses == [r["loss"] for r in fixed if r["kind"] == "train"]

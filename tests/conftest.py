@@ -25,12 +25,6 @@ EXAMPLES = REPO_ROOT / "examples"
 NETGUARD_DIR = REPO_ROOT / "tests" / "netguard"
 NETGUARD_LOG = Path(tempfile.mkdtemp(prefix="skylift-netguard-"))
 
-# torchrun leaves a torchelastic_* folder in the temp folder for every launch, and a killed run
-# leaves its own files: every process the tests start gets this session's temp folder, removed
-# at its end (by the process that made it: an xdist worker shares its controller's).
-_OWN_TEMP_FOLDER = "SKYLIFT_TESTS_TMPDIR" not in os.environ
-if _OWN_TEMP_FOLDER:
-    os.environ["SKYLIFT_TESTS_TMPDIR"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="skylift-tests-")
 # Set before any fixture or test starts a process, so every child inherits the guard.
 os.environ["SKYLIFT_NETGUARD_LOG"] = str(NETGUARD_LOG)
 # torch.compile's kernel cache of this session only: its key leaves out ATEN_CPU_CAPABILITY, so
@@ -98,8 +92,6 @@ def _fail_for(refusals: list[str], headline: str) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(NETGUARD_LOG, ignore_errors=True)
     shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
-    if _OWN_TEMP_FOLDER:
-        shutil.rmtree(os.environ["SKYLIFT_TESTS_TMPDIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

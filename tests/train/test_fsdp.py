@@ -502,7 +502,7 @@ def test_an_own_loop_under_fsdp_equals_it_under_ddp(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_under_fsdp_compiles_the_innermost_blocks(cli_here, monkeypatch, tmp_path):
+def test_compile_under_fsdp_compiles_the_innermost_blocks(cli_here, tmp_path):
     """One rank, nested blocks: the three inner ``Sequential`` blocks are compiled, the one
     holding them is not (its sharded children would break its graph). Both runs in this
     process (``state_kept``: one thread): graphs and names are under test, not a process start.
@@ -516,11 +516,13 @@ def test_compile_under_fsdp_compiles_the_innermost_blocks(cli_here, monkeypatch,
     compiled_before = len(list(cache.rglob("*.py"))) if cache.exists() else 0
     overrides = ("distributed.strategy=fsdp", "distributed.fsdp.block_types=[Sequential]", "schedule.max_steps=4",
                  "schedule.warmup_steps=2", "checkpoint.enabled=false")
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
     for name, extra in (("eager", ()), ("compiled", ("compile.enabled=true",))):
         torch._dynamo.reset()
         try:
-            with state_kept():
+            # torch's own patch, not monkeypatch: pytest 9.2's undo deletes an attribute that was
+            # not in the module's __dict__, and a deleted inductor setting stays hidden from every
+            # later compile in this worker ("compile_threads does not exist").
+            with state_kept(), torch._inductor.config.patch(compile_threads=1):
                 result = cli_here(*train_arguments(tmp_path / name, *overrides, *extra, lean=True))
         finally:
             torch._dynamo.reset()

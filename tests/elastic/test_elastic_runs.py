@@ -146,9 +146,14 @@ def test_a_killed_node_costs_a_bounded_time_and_the_survivor_finishes(killed):
     assert code == 0, log[-4000:]
     [change] = records(folder / "run", "membership")
     assert (change["reason"], change["old_world_size"], change["new_world_size"]) == ("node_lost", 2, 1)
-    # The newest checkpoint complete at the kill: its manifest (written last) is older.
+    # The newest checkpoint complete when the survivor resumed: its manifest (written last) is
+    # older than the record, written at the end of the resumed attempt's first step (its own
+    # next save is steps later). That can be one whose manifest came after the kill: once
+    # every rank has voted its files in, rank 0 writes the manifest, and a node lost after its
+    # vote takes nothing with it (on a loaded machine the kill lands there often).
     manifests = [json.loads(path.read_text()) for path in (folder / "checkpoints").glob("step-*/manifest.json")]
-    assert change["step"] == max(manifest["step"] for manifest in manifests if manifest["created_at"] < killed_at)
+    assert change["step"] == max(manifest["step"] for manifest in manifests if manifest["created_at"] < change["time"])
+    assert change["step"] >= max(manifest["step"] for manifest in manifests if manifest["created_at"] < killed_at)
     # The bound: gloo sees the closed socket at once (else distributed.timeout_s=30), the
     # rendezvous drops the dead node after 3 missed keep-alives, waits its last call, then
     # worker start and resume.

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from skylift.errors import EXIT_REQUEUE
-from tests.checkpoint.runs import assert_same_run, lean_train, summary
+from tests.checkpoint.runs import assert_same_run, lean_train, lean_train_here, summary
 from tests.cloud.metadata_server import MetadataServer
 from tests.elastic.agents import (DEAD_ENDPOINT, HEARTBEAT_S, LAST_CALL_S, RECIPE, THREADS, Agent, job_overrides,
                                   records, wait_for)
@@ -108,9 +108,10 @@ def test_every_sample_of_each_epoch_is_trained_exactly_once(noticed):
     assert len(logged_samples(folder / "samples")) == MAX_STEPS * GLOBAL_BATCH  # nothing else was trained
 
 
-def test_the_weights_equal_a_stop_and_resume_at_the_same_step(noticed, tmp_path):
+def test_the_weights_equal_a_stop_and_resume_at_the_same_step(noticed, cli_here, tmp_path):
     """Two processes to the stop step (killed after its commit), then one: the existing
-    resume path, with the same arithmetic (one thread per worker) as the elastic job."""
+    resume path, with the same arithmetic (one thread per worker) as the elastic job. The
+    resume in this process: only its output is read (a Python start with torch saved)."""
     folder = noticed[0]
     stop = records(folder / "run", "preemption")[0]["checkpoint_step"]
     reference = tmp_path / "run"
@@ -120,7 +121,7 @@ def test_the_weights_equal_a_stop_and_resume_at_the_same_step(noticed, tmp_path)
     killed = lean_train(reference, *shared, nproc=2,
                         env={**quiet, "SKYLIFT_FAULT_INJECTION": f"step_end:step={stop + 1}:rank=0"})
     assert killed.returncode != 0
-    resumed = lean_train(reference, *shared, env=quiet)
+    resumed = lean_train_here(cli_here, reference, *shared, env=quiet)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(reference)["resumed_from_step"] == stop
     assert_same_run(folder / "run", reference)

@@ -128,13 +128,16 @@ def test_kill_and_resume_equals_the_uninterrupted_run(cli, cli_here, tmp_path):
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
     # The uninterrupted run in this process, on one thread as the subprocesses (state_kept):
     # only its output is read, and its process start (~5 s of torch and transformers imports)
-    # is not under test. The kill is a real SIGKILL and the resume a fresh process, as after a crash.
+    # is not under test. The kill is a real SIGKILL. The resume reads only what the killed
+    # process left on disk, so it runs here too (state_kept: RNGs, threads and environment as
+    # they were); a resume in a fresh process is tests/checkpoint/test_crash_resume.py's.
     with state_kept():
         uninterrupted = _run(cli_here, reference, *overrides)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     killed = _run(cli, run_dir, *overrides, env={"SKYLIFT_FAULT_INJECTION": f"step_end:step={steps_per_epoch + 3}"})
     assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = _run(cli, run_dir, *overrides)
+    with state_kept():
+        resumed = _run(cli_here, run_dir, *overrides)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == steps_per_epoch + 1
     assert summary(run_dir)["steps"] == summary(reference)["steps"] == 2 * steps_per_epoch

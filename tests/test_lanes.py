@@ -139,3 +139,18 @@ def test_the_file_expected_to_take_longest_is_dealt_first(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ran = re.findall(r"PASSED (test_\w+\.py::test_\w+)", result.stdout)
     assert ran == ["test_b.py::test_b1", *(f"test_a.py::test_a{n}" for n in (1, 2, 3))], result.stdout
+
+
+def test_no_assertion_inside_a_polling_loop_is_counted():
+    """The assertion count compares a cheaper suite with the one before it, so it must not
+    grow with the machine's slowness: an ``assert`` inside a ``while`` loop (a loop that polls
+    a process or a file) passes once per poll. Such loops raise ``AssertionError`` themselves."""
+    import ast
+
+    counted_per_poll = []
+    for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
+        for loop in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(loop, ast.While):
+                counted_per_poll += [f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+                                     for node in ast.walk(loop) if isinstance(node, ast.Assert)]
+    assert not counted_per_poll, f"replace with `if not ...: raise AssertionError(...)`: {counted_per_poll}"

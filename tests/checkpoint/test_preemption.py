@@ -140,7 +140,8 @@ class Run(ProcessFamily):
             latest = _latest_train_step(self.run_dir)
             if latest >= step:
                 return latest
-            assert self.popen.poll() is None, f"the run ended before step {step}: {self.explain()}"
+            if self.popen.poll() is not None:  # a raise, not an assert: a poll is not a check that passed
+                raise AssertionError(f"the run ended before step {step}: {self.explain()}")
             time.sleep(0.01)
         raise AssertionError(f"no train record for step {step} within {timeout_s} s: {self.explain()}")
 

@@ -70,7 +70,8 @@ class Agent(ProcessFamily):
     def wait(self, timeout_s: float = 300) -> int:
         deadline = time.monotonic() + timeout_s
         while self.popen.poll() is None:
-            assert time.monotonic() < deadline, f"{self.name} still running after {timeout_s} s:\n{self.log[-4000:]}"
+            if time.monotonic() >= deadline:  # a raise, not an assert: a poll is not a check that passed
+                raise AssertionError(f"{self.name} still running after {timeout_s} s:\n{self.log[-4000:]}")
             self.remember_family()
             time.sleep(0.2)
         return self.popen.returncode
@@ -95,8 +96,10 @@ def wait_for(condition, what: str, agents: list[Agent], timeout_s: float = 240) 
         for agent in agents:
             agent.remember_family()
         logs = "\n".join(f"--- {agent.name} ---\n{agent.log[-3000:]}" for agent in agents)
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s:\n{logs}"
-        assert all(agent.popen.poll() is None for agent in agents), f"an agent ended before {what}:\n{logs}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no {what} within {timeout_s} s:\n{logs}")
+        if any(agent.popen.poll() is not None for agent in agents):
+            raise AssertionError(f"an agent ended before {what}:\n{logs}")
         time.sleep(0.1)
 
 

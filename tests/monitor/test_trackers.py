@@ -125,7 +125,8 @@ def _wait_for_http(url: str, process: subprocess.Popen, timeout_s: float = 120) 
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        if process.poll() is not None:  # a raise, not an assert: a poll is not a check that passed
+            raise AssertionError(process.stderr.read().decode()[-2000:])
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return

@@ -135,7 +135,8 @@ def test_aws_spot_notice_commits_before_the_deadline_exits_143_and_resumes_exact
 def _wait_for_step(run_dir, step: int, job: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert job.poll() is None, f"the job ended before step {step}: {job.stderr.read()[-2000:]}"
+        if job.poll() is not None:  # a raise, not an assert: a poll is not a check that passed
+            raise AssertionError(f"the job ended before step {step}: {job.stderr.read()[-2000:]}")
         if (run_dir / "metrics.jsonl").exists() and any(r["step"] >= step for r in _train_so_far(run_dir)):
             return
         time.sleep(0.02)

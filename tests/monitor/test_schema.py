@@ -43,13 +43,22 @@ def test_breakdowns_cover_the_step(run_records):
 
 def test_mfu_and_system_figures(run_records):
     start = run_records[0]
-    assert start["peak_flops_per_s"] > 1e9 and start["peak_flops_source"].startswith("measured:cpu-matmul")
-    train = [r for r in run_records if r["kind"] == "train"]
-    assert all(0 < r["mfu"] < 1 for r in train)
-    assert train[0]["flops_per_step"] > 0
+    peak = start["peak_flops_per_s"]
+    assert peak > 1e9 and start["peak_flops_source"].startswith("measured:cpu-matmul")
     counted = [r for r in run_records if r["kind"] == "flops"]
     assert len(counted) == 1 and counted[0]["flops_per_sample"] > 0, counted
     assert counted[0]["reason"] == "counted on meta"
+    train = [r for r in run_records if r["kind"] == "train"]
+    assert train[0]["flops_per_step"] > 0
+    for record in train:
+        # MFU is the interval's achieved FLOP/s over one device's peak. It has no upper bound of 1
+        # here: a CPU's peak is a short matmul's measured rate, and this model's convolutions run
+        # near it (MFU 0.83-0.93 on one AVX-512 thread), so a peak measured while another process
+        # held the core reads low and MFU passes 1. What must hold is the arithmetic.
+        expected = counted[0]["flops_per_sample"] * record["samples_per_s"] / peak
+        # The record rounds samples_per_s to 0.01 and mfu to 1e-5; the tolerance is those two roundings.
+        rounding = expected * 0.005 / record["samples_per_s"] + 0.5e-5
+        assert record["mfu"] > 0 and record["mfu"] == pytest.approx(expected, rel=0, abs=rounding + 1e-12), record
     system = [r for r in run_records if r["kind"] == "system"]
     assert system and all(r["gpus"] == [] and 0 <= r["host"]["cpu_percent"] <= 100 for r in system)
 

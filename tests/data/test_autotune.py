@@ -67,8 +67,12 @@ def test_tuner_tries_each_candidate_then_keeps_the_fastest():
 
 
 def test_trainer_tunes_while_training_without_changing_the_run(tmp_path):
-    # No HTML report: nothing here reads it, and its PNGs cost more than these 24 steps.
-    common = ["schedule.max_steps=24", "precision=fp32", "data.autotune_s_per_setting=0.05", "monitor.report=false"]
+    # No HTML report: nothing here reads it, and its PNGs cost more than these 24 steps. A budget
+    # far under a step's time, so each candidate is timed for the tuner's minimum of steps (one
+    # warm-up and three timed: 12 steps for three candidates on any machine). A budget in seconds
+    # takes more steps on a faster machine: 0.05 s was 8 steps a candidate at 8 ms a step here,
+    # all 24 for three, and the tuner had not decided when the run ended.
+    common = ["schedule.max_steps=24", "precision=fp32", "data.autotune_s_per_setting=0.001", "monitor.report=false"]
     Trainer(monitored_config(tmp_path / "auto", *common, "data.num_workers=auto")).fit()
     Trainer(monitored_config(tmp_path / "fixed", *common, "data.num_workers=0")).fit()
     auto = list(read_records(tmp_path / "auto" / "metrics.jsonl"))

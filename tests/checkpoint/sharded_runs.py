@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import save_file
 from torch import nn
+
+from tests.gloo_group import join, spawn_ranks
 
 WIDTH = 12
 """Layer width: small, and not a multiple of 2 in its 5-wide input, so shards are uneven."""
@@ -32,11 +32,7 @@ def spawn(task: str, world_size: int, **kwargs: Any) -> None:
     Raises:
         torch.multiprocessing.ProcessExitedException: a rank died (the others are stopped).
     """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.start_processes(_worker, args=(world_size, port, task, kwargs), nprocs=world_size, join=True,
-                       start_method="spawn")
+    spawn_ranks(_worker, world_size, task, kwargs)
 
 
 def build(world_size: int | None, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
@@ -156,10 +152,8 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], rank: int) -> None:
 
 
 def _worker(rank: int, world_size: int, port: int, task: str, kwargs: dict[str, Any]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)  # two ranks on two shared cores
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    join(rank, world_size, port)
     try:
         globals()[task](rank, world_size, **kwargs)
     finally:

@@ -47,20 +47,20 @@ class Agent(ProcessFamily):
     SIGKILLs the whole node (the agent's session and every worker it started)."""
 
     def __init__(self, folder: Path, name: str, port: int, overrides: list[str], *, node_rank: int,
-                 endpoint: str = DEAD_ENDPOINT) -> None:
+                 endpoint: str = DEAD_ENDPOINT, env: dict[str, str] | None = None) -> None:
         args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--json", "--no-doctor",
                 "--nproc", "1", "--node-rank", str(node_rank), "--master-addr", MASTER, "--master-port", str(port)]
         for override in overrides:
             args += ["--set", override]
         samples = folder / "samples"
         samples.mkdir(exist_ok=True)
-        env = {key: value for key, value in os.environ.items()
-               if not key.startswith("SKYLIFT_") or key.startswith("SKYLIFT_NETGUARD_")}  # the guard stays
-        env.update(THREADS, PYTHONUNBUFFERED="1", SKYLIFT_METADATA_ENDPOINT=endpoint,
-                   SKYLIFT_TEST_SAMPLE_LOG=str(samples))
+        environment = {key: value for key, value in os.environ.items()
+                       if not key.startswith("SKYLIFT_") or key.startswith("SKYLIFT_NETGUARD_")}  # the guard stays
+        environment.update(THREADS, PYTHONUNBUFFERED="1", SKYLIFT_METADATA_ENDPOINT=endpoint,
+                           SKYLIFT_TEST_SAMPLE_LOG=str(samples), **(env or {}))
         self.name, self.log_path = name, folder / f"{name}.log"
         with self.log_path.open("w") as log:  # a file: a full pipe would stall the node
-            super().__init__(subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log, stderr=log,
+            super().__init__(subprocess.Popen(args, cwd=REPO_ROOT, env=environment, stdout=log, stderr=log,
                                               stdin=subprocess.DEVNULL, start_new_session=True))
 
     @property

@@ -3,12 +3,18 @@
 Each process appends one line per micro-batch (the ids, space-separated) to a file of its
 own in ``SKYLIFT_TEST_SAMPLE_LOG``. Ids are logged where the loss is computed, not where
 the loader fetches (it fetches ahead), so a stop at a step boundary logs exactly what
-was trained."""
+was trained.
+
+``SKYLIFT_TEST_HOLD_ALONE_AFTER=N`` holds a process that is alone in its job (world size
+1) in its first micro-batch past the N-th until the SIGTERM that ends it arrives: a node
+that must still be training when another joins, however fast the machine trains."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,7 @@ from torch.utils.data import Dataset
 from skylift.recipes.image_classification import ImageClassification
 
 LOG_VARIABLE = "SKYLIFT_TEST_SAMPLE_LOG"
+HOLD_VARIABLE = "SKYLIFT_TEST_HOLD_ALONE_AFTER"
 
 
 class _WithIds(Dataset):
@@ -32,6 +39,8 @@ class _WithIds(Dataset):
 
 
 class SampleLoggedClassification(ImageClassification):
+    _trained = 0  # micro-batches this process has trained
+
     def build_datasets(self):  # noqa: ANN201 - DatasetSplit
         split = super().build_datasets()
         return dataclasses.replace(split, train=_WithIds(split.train))
@@ -44,7 +53,30 @@ class SampleLoggedClassification(ImageClassification):
         if folder and loss.device.type != "meta":
             with (Path(folder) / f"samples-{os.getpid()}.txt").open("a") as log:
                 log.write(" ".join(str(int(index)) for index in ids) + "\n")
+        if loss.device.type != "meta":
+            self._trained += 1
+            if self._trained == int(os.environ.get(HOLD_VARIABLE, 0)) + 1 and os.environ.get("WORLD_SIZE") == "1":
+                _hold_until_terminated()
         return loss
+
+
+def _hold_until_terminated() -> None:
+    """Sleep until SIGTERM; skylift's own handler still runs (it requests the stop), and the
+    step then ends as any step a SIGTERM arrives in."""
+    terminated = []
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def note(signum, frame):  # noqa: ANN001, ANN202
+        terminated.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, note)
+    try:
+        while not terminated:
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def logged_samples(folder: Path) -> list[int]:

@@ -45,3 +45,21 @@ def test_phases_add_up_and_stalls_are_split_out():
     assert abs(breakdown["checkpoint"] - 0.004) < 1e-6
     assert breakdown["communication"] == 0.0  # no DDP
     assert breakdown["other"] >= 0.005
+
+
+def test_time_after_the_optimizer_update_is_the_steps_other_time():
+    # What runs between the update and step_end (an EMA update, the loss kept for logging, a
+    # descheduled thread) is inside the step's step_time_s, so it must be in its breakdown too.
+    clock = StepClock(1, torch.device("cpu"))
+    clock.end_of_previous_step(1)
+    step_started = time.perf_counter()
+    clock.mark("between_steps")
+    clock.mark("data_wait")
+    clock.mark("host_to_device")
+    clock.mark("forward_backward")
+    clock.mark("optimizer")
+    time.sleep(0.02)
+    step_time_s = time.perf_counter() - step_started
+    breakdown = clock.finish()
+    assert breakdown["other"] >= 0.02
+    assert sum(breakdown.values()) >= step_time_s - 7 * 0.5e-6

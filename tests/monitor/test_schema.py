@@ -37,8 +37,10 @@ def test_breakdowns_cover_the_step(run_records):
     for record in sampled:
         assert list(record["breakdown_s"]) == list(BREAKDOWN_PHASES)
         assert all(value >= 0 for value in record["breakdown_s"].values())
-        # The window also spans the time between steps, so it is at least the step's own time.
-        assert sum(record["breakdown_s"].values()) >= record["step_time_s"] * 0.9
+        # The window opens at the previous step's end, before this step's clock starts, and closes
+        # at step_end, after it stops: it holds the step. Both are one wall clock on a CPU, so the
+        # only slack is the record's rounding (seven phases and the step time, 0.5e-6 s each).
+        assert sum(record["breakdown_s"].values()) >= record["step_time_s"] - 8 * 0.5e-6, record
 
 
 def test_mfu_and_system_figures(run_records):

@@ -23,13 +23,11 @@ import copy
 import json
 import math
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch import nn
 
@@ -45,6 +43,7 @@ from skylift.train.sharding import (
 )
 from tests.checkpoint.runs import lean_train, records, state_kept, summary, train_arguments
 from tests.conftest import run_cli
+from tests.gloo_group import join, spawn_ranks
 
 FP32 = PrecisionPolicy("fp32", None, False, False, "test")
 BF16 = PrecisionPolicy("bf16", torch.bfloat16, False, False, "test")
@@ -157,16 +156,11 @@ def test_unknown_block_types_stop_a_one_rank_run(cli_here, tmp_path):
 
 
 def _spawn(task: str, world_size: int, out: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.start_processes(_worker, args=(world_size, port, task, str(out)), nprocs=world_size, join=True,
-                       start_method="spawn")
+    spawn_ranks(_worker, world_size, task, str(out))
 
 
 def _worker(rank: int, world_size: int, port: int, task: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    join(rank, world_size, port)
     try:
         result = globals()[task](rank, world_size)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))

@@ -2,9 +2,10 @@
 exposed gradient communication, optimizer, checkpoint stall, and the rest.
 
 Only every ``monitor.breakdown_every_steps``-th step is measured. A measured step's
-window runs from the end of the previous step's optimizer update to the end of its
-own, so time spent between steps (callbacks, the checkpoint launch, the stop
-agreement) is counted too. Phase boundaries are marks: wall-clock timestamps on a
+window runs from the end of the previous step to the end of its own (``step_end``), so
+time spent between steps (callbacks, the checkpoint launch, the stop agreement) and
+after the optimizer update (the loss kept for logging, an EMA update) is counted too,
+as "other": the window holds the step's whole ``step_time_s``. Phase boundaries are marks: wall-clock timestamps on a
 CPU, CUDA events on a GPU, read once the step's last event has completed. On a GPU
 the event gaps are the *device's* timeline, so "data wait" is the time the GPU sat
 idle for input, not the time the host spent fetching while the GPU was still busy.
@@ -115,6 +116,7 @@ class StepClock:
         marks, self._marks = self._marks, None
         if marks is None:
             return None
+        marks.mark("after_optimizer")  # the step's end: what ran after the update is its time too
         spans = marks.durations_s()
         between_stall, optimizer_stall = (
             now - before for now, before in zip(self._stall_s(), self._stall_at_start, strict=True)
@@ -128,7 +130,7 @@ class StepClock:
             "communication": min(communication_s, forward_backward_s),
             "optimizer": max(spans.get("optimizer", 0.0) - optimizer_stall, 0.0),
             "checkpoint": between_stall + optimizer_stall,
-            "other": max(spans.get("between_steps", 0.0) - between_stall, 0.0),
+            "other": max(spans.get("between_steps", 0.0) + spans.get("after_optimizer", 0.0) - between_stall, 0.0),
         }
         return {phase: round(breakdown[phase], 6) for phase in BREAKDOWN_PHASES}
 

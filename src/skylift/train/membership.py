@@ -1,5 +1,7 @@
 """The ``membership`` record of an elastic job: written once per attempt whose world size
-differs from the checkpoint it resumed, at that attempt's first step.
+differs from the checkpoint it resumed, at that attempt's first step. An attempt that
+resumed at the job's last step trains none and writes none: it has no first step to
+measure the seconds lost to, and its ``run_start`` still shows the new world size.
 
 What each field comes from:
 

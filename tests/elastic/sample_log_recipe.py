@@ -55,7 +55,8 @@ class SampleLoggedClassification(ImageClassification):
                 log.write(" ".join(str(int(index)) for index in ids) + "\n")
         if loss.device.type != "meta":
             self._trained += 1
-            if self._trained == int(os.environ.get(HOLD_VARIABLE, 0)) + 1 and os.environ.get("WORLD_SIZE") == "1":
+            held_after = os.environ.get(HOLD_VARIABLE)  # unset: never held
+            if held_after and self._trained == int(held_after) + 1 and os.environ.get("WORLD_SIZE") == "1":
                 _hold_until_terminated()
         return loss
 

@@ -13,13 +13,11 @@ what it had gathered before and after each group's forward and backward.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from skylift.config.load import load_config
 from skylift.doctor.memory import estimate_memory
@@ -27,7 +25,7 @@ from skylift.doctor.rules.resources import memory_fits_device
 from skylift.machine.facts import Facts, JobFacts, MemoryFacts
 from skylift.machine.memory import ModelMemory, Sharding, training_memory
 from skylift.train.sharding import select_blocks
-from tests.servers import free_port
+from tests.gloo_group import join, spawn_ranks
 
 WORLD_SIZE = 2
 GATHERED = ("Unsharded Param", "All Gather", "Reduce Scatter", "Unsharded Grad")
@@ -49,12 +47,11 @@ def _local_bytes(tensors) -> int:
     return sum(t.to_local().numel() * t.to_local().element_size() for t in tensors)
 
 
-def _worker(rank: int, port: int, folder: str) -> None:
+def _worker(rank: int, world_size: int, port: int, folder: str) -> None:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    join(rank, world_size, port)
     model = _llama()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in select_blocks(model, []):
@@ -108,7 +105,7 @@ def _gathered(tracker) -> dict:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("fsdp_memory")
-    mp.start_processes(_worker, args=(free_port(), str(folder)), nprocs=WORLD_SIZE, join=True, start_method="spawn")
+    spawn_ranks(_worker, WORLD_SIZE, str(folder))
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 

@@ -4,14 +4,13 @@ differ, and rank 0's train records carry the mean over ranks of each step's FLOP
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.gloo_group import join, spawn_ranks
 
 # Each rank's FLOPs of each step: integers, as a FLOP count is.
 FLOPS = {0: [3_000_000_007.0, 5_000_000_011.0, 7_000_000_001.0], 1: [1_000_000_003.0, 9_000_000_001.0, 1_000_000_013.0]}
@@ -23,8 +22,7 @@ def _worker(rank: int, world_size: int, port: int, folder: str) -> None:
     from skylift.monitor.metrics import MetricsLogger
     from skylift.run_dir import RunDirectory
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    join(rank, world_size, port)
     try:
         run_dir = RunDirectory(Path(folder) / f"rank{rank}")
         run_dir.create()
@@ -45,10 +43,7 @@ def _worker(rank: int, world_size: int, port: int, folder: str) -> None:
 @pytest.mark.slow  # two spawned processes importing torch: 15 s on the loaded 2-core machine
 @pytest.mark.multiprocess
 def test_each_step_carries_the_mean_over_ranks_of_its_flops(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.start_processes(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    spawn_ranks(_worker, 2, str(tmp_path))
     records = [json.loads(line) for line in (tmp_path / "rank0" / "metrics.jsonl").read_text().splitlines()]
     train = [record for record in records if record["kind"] == "train"]
     # Halves of odd integers and their sums are exact in float64 (all below 2**53): equal exactly.

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkpoint.runs import records, state_kept, train, train_arguments
+from tests.conftest import REPO_ROOT
 from tests.servers import free_port
 
 pytest.importorskip("mlflow")
@@ -88,6 +89,34 @@ def test_mlflow_gets_params_metrics_and_artifacts_and_a_resumed_run_stays_one_ru
     assert last_by_step == _losses(run_dir)  # every step, the redone ones with their final value
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"summary.json", "report"} <= artifacts
+
+
+def test_params_an_attempt_was_killed_before_logging_are_logged_by_the_resume(mlflow_schema, tmp_path, monkeypatch):
+    """The state a SIGKILL leaves when it lands while the exporter opens beside the training
+    (the run made and its id saved, no param logged yet): the resume logs them to that run."""
+    from mlflow.tracking import MlflowClient
+
+    from skylift.config.load import load_config
+    from skylift.monitor.exporters import RunInfo
+    from skylift.monitor.exporters.mlflow import MlflowExporter
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # see _train_here
+    uri = f"sqlite:///{shutil.copy(mlflow_schema, tmp_path / 'mlflow.db')}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = load_config(REPO_ROOT / "examples" / "quickstart.yaml",
+                         [f"run_dir={run_dir}", "monitor.exporters=[mlflow]", f"monitor.mlflow.tracking_uri={uri}"])
+    client = MlflowClient(tracking_uri=uri)
+    killed = client.create_run(client.create_experiment(config.monitor.mlflow.experiment)).info.run_id
+    (run_dir / "exporters.json").write_text(json.dumps({"mlflow_run_id": killed}))
+    for _attempt in range(2):  # the resume, then one more: the second logs nothing again
+        exporter = MlflowExporter(config)
+        exporter.open(RunInfo(config, run_id="kept", resumed=True))
+        assert exporter.run_id == killed
+    (_, runs) = _mlflow_run(uri)
+    assert [run.info.run_id for run in runs] == [killed]
+    assert runs[0].data.params["optim.lr"] == str(config.optim.lr)
+    assert json.loads((run_dir / "exporters.json").read_text())["mlflow_params_logged"] is True
 
 
 @pytest.mark.slow

@@ -39,19 +39,31 @@ class MlflowExporter:
         uri = self.settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             f"sqlite:///{(self._run_dir / 'mlflow.db').resolve()}"
         self.client = MlflowClient(tracking_uri=uri)
-        self.run_id = _state(self._run_dir / "exporters.json").get("mlflow_run_id")
+        state_path = self._run_dir / "exporters.json"
+        state = _state(state_path)
+        self.run_id = state.get("mlflow_run_id")
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
-            return
+        else:
+            self.run_id = self._create_run(run, uri)
+            _save_state(state_path, mlflow_run_id=self.run_id)
+        # Opening runs beside the training: an attempt killed after the run's id was saved and
+        # before every param was logged leaves it to the next attempt (logging a param again
+        # with its value is allowed), so the run is made once and its params are never lost.
+        if not state.get("mlflow_params_logged"):
+            self._log_params(run)
+            _save_state(state_path, mlflow_params_logged=True)
+
+    def _create_run(self, run: RunInfo, uri: str) -> str:
         experiment = self.client.get_experiment_by_name(self.settings.experiment)
         if experiment is not None:
             experiment_id = experiment.experiment_id
         else:
             experiment_id = self.client.create_experiment(self.settings.experiment,
                                                           artifact_location=_local_artifacts(uri))
-        created = self.client.create_run(experiment_id, run_name=self._run_dir.name, tags=_tags(run))
-        self.run_id = created.info.run_id
-        _save_state(self._run_dir / "exporters.json", mlflow_run_id=self.run_id)
+        return self.client.create_run(experiment_id, run_name=self._run_dir.name, tags=_tags(run)).info.run_id
+
+    def _log_params(self, run: RunInfo) -> None:
         from mlflow.entities import Param
 
         params = [Param(key, value) for key, value in flat_params(run.config.model_dump(mode="json")).items()]

@@ -42,6 +42,7 @@ from skylift.checkpoint.manifest import read_manifest, read_verified
 from skylift.cloud.notice import CLOUDS
 from skylift.errors import EXIT_REQUEUE
 from skylift.storage import open_store
+from skylift.train.preloaded_workers import WORKER_NAME_PREFIX
 from tests.checkpoint.runs import LEAN, ONE_THREAD, run_here, state_kept
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT
@@ -389,8 +390,9 @@ def test_sigterm_to_the_launcher_stops_both_ranks_together_and_resumes_exactly(r
     with running(run_dir, nproc=2, env=_environment()) as run:
         run.wait_for_step(ARM_AFTER_STEP)
         run.remember_family()
-        workers = [p for p in run.family.values() if "skylift.cli.worker" in " ".join(_cmdline(p))]
-        assert len(workers) == 2, [_cmdline(p) for p in run.family.values()]
+        workers = [p for p in run.family.values() if _name(p).startswith(WORKER_NAME_PREFIX)]
+        assert sorted(map(_name, workers)) == ["skylift-rank0", "skylift-rank1"], \
+            [(_name(p), _cmdline(p)) for p in run.family.values()]
         signalled = time.monotonic()
         run.popen.send_signal(signal.SIGTERM)  # the launcher only, as a kubelet or scheduler would
         run.wait(timeout_s=GRACE_S + 30)
@@ -406,6 +408,13 @@ def test_sigterm_to_the_launcher_stops_both_ranks_together_and_resumes_exactly(r
     rerun = assert_resumes_exactly(run_dir, stopped_at, reference_ddp, nproc=2, env=_environment())
     assert "terminate called" not in rerun.stderr, rerun.explain()
     assert _summary(run_dir)["replicas_agree"] is True
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.Error:
+        return ""
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

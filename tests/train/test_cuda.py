@@ -85,3 +85,18 @@ def test_gpu_checkpoint_resumes_on_the_cpu(tmp_path):
     assert summary(tmp_path)["resumed_from_step"] == 21
     assert summary(tmp_path)["device"] == "cpu"
     assert max(losses_by_step(tmp_path)) == 60
+
+
+def test_a_worker_forked_from_the_preloaded_server_trains_on_the_gpu(tmp_path):
+    """The fork server imports torch and the trainer, never CUDA, so a worker forked from it
+    can initialise CUDA. One GPU: an elastic 1:2 job alone on its node, whose launcher forks
+    one worker after the rendezvous's last call."""
+    from tests.servers import free_port
+
+    elastic = ("distributed.nodes.min=1", "distributed.nodes.max=2", "distributed.nodes.last_call_s=1")
+    result = run_cli("run", "examples/quickstart.yaml", "--json", "--no-doctor", "--nproc", "1", "--node-rank", "0",
+                     "--master-addr", "127.0.0.2", "--master-port", str(free_port()), "--set", f"run_dir={tmp_path}",
+                     "--set", "device=cuda", *(item for setting in elastic for item in ("--set", setting)),
+                     timeout_s=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summary(tmp_path)["device"].startswith("cuda")

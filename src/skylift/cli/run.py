@@ -9,6 +9,9 @@ import json
 
 from skylift.cli.options import add_config_arguments, add_topology_arguments, topology_from
 
+WORKER_MODULE = "skylift.cli.worker"
+"""What each of torchrun's workers runs: ``main(argv)``, forked from the preloaded server."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
@@ -38,22 +41,27 @@ def execute(args: argparse.Namespace) -> int:
         _print_plan(plan, as_json=args.json)
         return 0
     _skip_collections_at_exit()
+    in_this_process = topology.world_size == 1 or launched_by_torchrun()
+    if not in_this_process:
+        from skylift.train.preloaded_workers import start_server
+
+        start_server(WORKER_MODULE)  # its imports overlap the doctor's checks and the rendezvous
     from skylift.doctor.gate import check_before_start
 
     facts = check_before_start(config, command="run", nproc=topology.nproc, nnodes=topology.nnodes,
                                config_path=args.config, enforce=not args.no_doctor)  # fmt: skip
-    if topology.world_size == 1 or launched_by_torchrun():
+    if in_this_process:
         from skylift.cli.worker import train_and_report
 
         return train_and_report(config, as_json=args.json)
     from skylift.train.launcher import launch_workers
 
-    entry = ["skylift.cli.worker", args.config]
+    entry = [WORKER_MODULE, args.config]
     for override in args.overrides:
         entry += ["--set", override]
     if args.json:
         entry.append("--json")
-    return launch_workers(topology, entry, module=True, facts=facts)
+    return launch_workers(topology, entry, module=True, facts=facts, preloaded=True)
 
 
 def _print_plan(plan: dict, *, as_json: bool) -> None:

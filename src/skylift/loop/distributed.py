@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedContext", "exit_cleanly", "init_distributed", "launched_by_torchrun"]
+__all__ = ["DistributedContext", "close_process_group", "exit_cleanly", "init_distributed", "launched_by_torchrun"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,18 @@ def exit_cleanly(code: int) -> None:
     2.14.1), which can hang the peer. The safe order is: barrier, destroy the group,
     flush, then ``os._exit`` so no C++ destructor races the background threads.
     """
+    close_process_group(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def close_process_group(code: int) -> None:
+    """A worker's end of the group: a barrier after a run that succeeded, then destroy it.
+
+    A worker started as a function by multiprocessing ends here and lets multiprocessing
+    end the process, which also skips the interpreter's teardown.
+    """
     if dist.is_available() and dist.is_initialized():
         try:
             if code == 0:
@@ -96,9 +108,6 @@ def exit_cleanly(code: int) -> None:
             # A peer that died makes the barrier fail. This worker's own exit code still
             # describes its own work; the launcher reports the peer's failure.
             print(f"skylift: process group teardown failed (a peer exited early): {error}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _pick_device(device: str, local_rank: int) -> torch.device:

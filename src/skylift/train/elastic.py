@@ -116,14 +116,22 @@ def elastic_torchrun_arguments(topology: Any, entry: list[str], *, module: bool,
     return argv + (["-m"] if module else []) + entry
 
 
-def launch_elastic(topology: Any, entry: list[str], *, module: bool, port: int) -> int:
-    """Run this node's agent in the elastic job; return its exit code (0, 143, a failure's)."""
+def launch_elastic(topology: Any, entry: list[str], *, module: bool, port: int, preloaded: bool = False) -> int:
+    """Run this node's agent in the elastic job; return its exit code (0, 143, a failure's).
+
+    ``preloaded``: the workers are forks of the preloaded server, as in
+    :func:`skylift.train.launcher.launch_workers`; a restart forks them again.
+    """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import config_from_args, get_args_parser
 
     args = get_args_parser().parse_args(elastic_torchrun_arguments(topology, entry, module=module, port=port))
     config, command, command_args = config_from_args(args)
+    if preloaded:
+        from skylift.train.preloaded_workers import PreloadedWorker
+
+        config.start_method, command, command_args = "forkserver", PreloadedWorker(entry[0]), entry[1:]
     # torch 2.14's shared agent TCPStore publishes the workers' MASTER_ADDR/PORT only in the
     # first round (DynamicRendezvousHandler caches it), so a node joining a later round waits
     # for keys nobody writes. Unshared, rank 0 publishes them every round.

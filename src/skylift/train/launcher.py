@@ -16,7 +16,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from skylift.config.distributed import ElasticNodes
@@ -151,8 +151,13 @@ def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) ->
     return argv + entry
 
 
-def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts: Facts | None = None) -> int:
+def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts: Facts | None = None,
+                   preloaded: bool = False) -> int:
     """Run ``entry`` on ``topology.nproc`` local workers; return the job's exit code.
+
+    ``preloaded``: ``entry`` is one of skylift's own modules whose ``main(argv)`` returns an
+    exit code, and the workers are forks of one process that has imported it and torch
+    (:mod:`skylift.train.preloaded_workers`), not a Python start each.
 
     A failed worker's own exit code is returned (not torchrun's generic 1), so codes
     such as "requeue" (143) reach the caller's scheduler. SIGTERM to this process is
@@ -175,13 +180,21 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     if facts is not None:
         _apply_nccl_settings(facts, topology)
+    if preloaded:
+        from skylift.train.preloaded_workers import start_server
+
+        start_server(entry[0])
     if topology.elastic is not None:
         from skylift.train.elastic import launch_elastic
 
-        return launch_elastic(topology, entry, module=module, port=topology.master_port or _free_port())
+        return launch_elastic(topology, entry, module=module, port=topology.master_port or _free_port(),
+                              preloaded=preloaded)
     args = get_args_parser().parse_args(torchrun_arguments(topology, entry, module=module))
     try:
-        run(args)
+        if preloaded:
+            _run_preloaded(args, entry)
+        else:
+            run(args)
     except SignalException as error:
         # torchrun forwarded the signal and gave the workers the grace period to save.
         print(f"skylift: {error.sigval.name} received; workers stopped; exit {EXIT_REQUEUE} (requeue)", file=sys.stderr)
@@ -195,6 +208,19 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
             print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
         return code
     return 0
+
+
+def _run_preloaded(args: Any, entry: list[str]) -> None:
+    """torchrun's own ``run(args)`` with the worker as a function: ``elastic_launch`` with
+    the config torchrun builds from the same arguments, on the preloaded fork server."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args
+
+    from skylift.train.preloaded_workers import PreloadedWorker
+
+    config, _, _ = config_from_args(args)
+    config.start_method = "forkserver"
+    elastic_launch(config=config, entrypoint=PreloadedWorker(entry[0]))(*entry[1:])
 
 
 def _apply_nccl_settings(facts: Facts, topology: Topology) -> None:

@@ -38,8 +38,9 @@ from benchmarks.common import environment
 RESULTS = Path(__file__).parent / "results" / "worker_start.json"
 CONFIG = "examples/quickstart.yaml"
 STEPS = 5
-SETTINGS = (f"schedule.max_steps={STEPS}", "schedule.warmup_steps=0", "monitor.log_every_steps=1", "monitor.report=false",
-            "monitor.tensorboard=false", "checkpoint.enabled=false", "preemption.cloud=off")  # fmt: skip
+SETTINGS = (f"schedule.max_steps={STEPS}", "schedule.warmup_steps=0", "monitor.log_every_steps=1",
+            "monitor.report=false", "monitor.tensorboard=false", "checkpoint.enabled=false",
+            "preemption.cloud=off")  # fmt: skip
 
 
 def _command(contender: str, nproc: int, run_dir: Path) -> list[str]:

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     widths = WIDTHS[:1] if args.quick else WIDTHS
-    config = {"widths": list(widths), "ways": list(WAYS), "trigger_step": 4, "max_steps": 10, "nodes": 2,
+    config = {"widths": list(widths), "ways": list(WAYS), "trigger_step": 4, "max_steps": 30, "nodes": 2,
               "relaunch_s": args.relaunch_s, "relaunch_s_source": "assumed: skylift.plan.ranking.DEFAULT_RESTART_S",
               "load_average_at_start": list(os.getloadavg()), **environment(1, ("torch",))}
     rows = [measure(width, way, trigger_step=config["trigger_step"], max_steps=config["max_steps"])

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,8 +301,11 @@ GPU_SEQUENCE = 2048
 GPU_TRY_TIMEOUT_S = 600
 
 
-def largest_models() -> dict[str, Any]:
-    """For FSDP and FSDP + cpu_offload: the most layers that train (each try its own process)."""
+def largest_models(on_try: Callable[[dict[str, Any]], None] = lambda found: None) -> dict[str, Any]:
+    """For FSDP and FSDP + cpu_offload: the most layers that train (each try its own process).
+
+    ``on_try`` gets the figures so far after each try: gpu.sh caps this section's time, and
+    the tries finished before the cap are results too."""
     found: dict[str, Any] = {}
     for offload in (False, True):
         tries = []
@@ -318,11 +322,15 @@ def largest_models() -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 result = {"layers": layers, "trained": False, "error": f"timed out after {GPU_TRY_TIMEOUT_S} s"}
             tries.append(result)
+            print(json.dumps(result), flush=True)
+            trained = [entry for entry in tries if entry["trained"]]
+            on_try({**found, "fsdp_cpu_offload" if offload else "fsdp": {
+                "largest": trained[-1] if trained else None, "tries": tries, "search_finished": False}})
             if not result["trained"]:
                 break
         trained = [entry for entry in tries if entry["trained"]]
         found["fsdp_cpu_offload" if offload else "fsdp"] = {"largest": trained[-1] if trained else None,
-                                                             "tries": tries}  # fmt: skip
+                                                             "tries": tries, "search_finished": True}  # fmt: skip
     return found
 
 
@@ -386,9 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import environment
 
     if args.device == "cuda":
-        results = {"environment": environment(1, ("torch", "transformers")), "sequence": GPU_SEQUENCE,
-                   "llama": GPU_LLAMA, "largest": largest_models()}  # fmt: skip
         output = args.output or RESULTS_DIR / "fsdp_cuda.json"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        results = {"environment": environment(1, ("torch", "transformers")), "sequence": GPU_SEQUENCE,
+                   "llama": GPU_LLAMA}  # fmt: skip
+
+        def write_partial(found: dict[str, Any]) -> None:
+            output.write_text(json.dumps({**results, "largest": found}, indent=2) + "\n")
+
+        results["largest"] = largest_models(write_partial)
     else:
         workload = QUICK if args.quick else FULL
         parameters = sum(p.numel() for p in build_model(workload.llama).parameters())

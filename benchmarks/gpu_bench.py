@@ -120,7 +120,8 @@ def update_json(path: Path, key: str, value: Any) -> None:
 
 def record_failure(path: Path, section: str, rc: int) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
-    reason = "time limit (killed by gpu.sh's timeout)" if rc in (124, 137) else f"exit status {rc}"
+    reason = ("skipped (GPU_BENCH_SKIP)" if rc == 0 else "time limit (killed by gpu.sh's timeout)" if rc in (124, 137)
+              else f"exit status {rc}")
     data.setdefault("targets", TARGETS)
     data.setdefault("failures", {})[section] = {"rc": rc, "reason": reason}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +135,8 @@ def pick_device(args: argparse.Namespace) -> Any:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run on a GPU machine, or pass --device cpu --tiny for a smoke test")
     if device.type == "cuda":
+        if device.index is None:  # set_device needs an index: "cuda" means the current device
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     return device
 

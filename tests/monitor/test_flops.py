@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 
@@ -49,3 +51,34 @@ def test_gpu_peaks_by_name_and_precision():
 
 def test_cpu_peak_is_measured():
     assert measure_cpu_peak_flops(torch.float32, size=256, budget_s=0.05) > 1e8
+
+
+def test_a_small_models_mfu_on_a_large_gpu_is_written_with_its_significant_digits(tmp_path):
+    """The quickstart's MLP on an H200 (989 TFLOP/s dense bf16) runs at an MFU near 1e-6:
+    a record must carry that figure, not 0 (found on the GPU: five decimals wrote 0.0)."""
+    import time
+
+    import torch
+
+    from skylift.loop.events import TrainState
+    from skylift.monitor.metrics import MetricsLogger
+    from skylift.run_dir import RunDirectory
+
+    run_dir = RunDirectory(tmp_path)
+    run_dir.create()
+    metrics = MetricsLogger(run_dir, log_every_steps=2, tensorboard=False, is_writer=True)
+    peak_flops_per_s = 989e12
+    metrics.set_flops(flops_per_sample=1e5, peak_flops_per_s=peak_flops_per_s)
+    state = TrainState(total_steps=2, steps_per_epoch=2, global_batch_size=64)
+    metrics.on_fit_start(state)
+    started = time.perf_counter()
+    for step in (1, 2):
+        time.sleep(0.01)
+        state.step, state.samples_seen, state.loss = step, 64 * step, torch.tensor(1.0)
+        metrics.on_step_end(state)
+    elapsed_s = time.perf_counter() - started
+    metrics.on_fit_end(state)
+    train = [json.loads(line) for line in run_dir.metrics_path.read_text().splitlines()]
+    upper = 1e5 * 128 / (0.02 * peak_flops_per_s)  # the interval took at least the two sleeps
+    lower = 1e5 * 128 / ((elapsed_s + 1.0) * peak_flops_per_s)  # and at most a second more than measured here
+    assert all(lower <= record["mfu"] <= upper for record in train), [record["mfu"] for record in train]

@@ -198,7 +198,9 @@ class MetricsLogger(Callback):
                 if flops is not None:
                     record["flops_per_step"] = flops
                 if mfu is not None:
-                    record["mfu"] = round(mfu, 5)
+                    # Significant digits, not decimals: a small model on an H200 runs at an MFU
+                    # of 1e-6, which five decimals would write as 0.
+                    record["mfu"] = float(f"{mfu:.4g}")
                 if "breakdown_s" in record and by_rank:
                     record["breakdown_by_rank_s"] = by_rank.pop(0)
                 self._write(record)

@@ -4,6 +4,17 @@ The test process holds the group's TCPStore on a port the kernel assigned, and t
 join it as clients. Probing for a free port and closing it before rank 0 binds it leaves a
 window in which another process (the other xdist worker starts hundreds) can take the
 port: rank 0 then fails to bind, and rank 1 reaches a stranger's store and joins its job.
+
+A rank that finished its work ends as skylift's own workers end
+(:func:`skylift.loop.distributed.exit_cleanly`), never through the interpreter's teardown.
+A spawned process otherwise returns through ``sys.exit``: Python finalizes while gloo's
+worker threads live on (``destroy_process_group`` does not join the threads of a group
+that is still referenced, and FSDP's meshes and skylift's sessions hold theirs), and a
+worker that drops the last reference to a Python-owned tensor after finalization began
+takes the GIL, which ends the thread with ``pthread_exit``; its forced unwind through a
+``noexcept`` destructor is ``std::terminate``: "terminate called without an active
+exception", SIGABRT. On a busy machine the worker is scheduled late enough for that
+(tests/test_gloo_exit.py makes it certain and checks both endings).
 """
 
 from __future__ import annotations
@@ -28,10 +39,19 @@ def spawn_ranks(worker: Callable[..., None], world_size: int, *args: Any) -> Non
 
     store = dist.TCPStore(HOST, 0, world_size, is_master=True, wait_for_workers=False)
     try:
-        mp.start_processes(worker, args=(world_size, store.port, *args), nprocs=world_size, join=True,
+        mp.start_processes(_rank, args=(worker, world_size, store.port, *args), nprocs=world_size, join=True,
                            start_method="spawn")
     finally:
         del store
+
+
+def _rank(rank: int, worker: Callable[..., None], world_size: int, port: int, *args: Any) -> None:
+    """One spawned rank: the worker, then (if it returned) the end a skylift worker has. A
+    worker that raised leaves through torch.multiprocessing, which reports its traceback."""
+    from skylift.loop.distributed import exit_cleanly
+
+    worker(rank, world_size, port, *args)
+    exit_cleanly(0)
 
 
 def join(rank: int, world_size: int, port: int) -> None:

@@ -70,6 +70,34 @@ def test_a_failed_save_keeps_both_earlier_commits(store, model, monkeypatch):
     assert store.read_bytes(LATEST) == b"step-2\n"
 
 
+def test_retention_removes_an_abandoned_timeline_at_the_first_commit_of_the_new_one(store, model):
+    first = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    for step in (10, 20, 25, 30):
+        first.save(_capture(model, step), step)
+    assert committed_steps(store) == [20, 25, 30]
+    rolled_back = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    rolled_back.timeline = (("0", None), ("a1b2c3d4", 20))  # resumed from step 20
+    rolled_back.save(_capture(model, 21), 21)
+    assert committed_steps(store) == [20, 21]
+    assert store.read_bytes(LATEST) == b"step-21\n"
+    assert read_manifest(store, 21).timeline == (("0", None), ("a1b2c3d4", 20))
+
+
+def test_retention_keeps_a_fresh_start_over_newer_numbered_checkpoints(store, model):
+    """Steps 20/25/30 were all corrupt; the run started over: its 5, 10, 15 are the newest."""
+    first = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    for step in (20, 25, 30):
+        first.save(_capture(model, step), step)
+    fresh = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    fresh.timeline = (("e5f6a7b8", None),)
+    fresh.save(_capture(model, 5), 5)
+    assert committed_steps(store) == [5]
+    for step in (10, 15, 20):
+        fresh.save(_capture(model, step), step)
+    assert committed_steps(store) == [10, 15, 20]
+    assert store.read_bytes(LATEST) == b"step-20\n"
+
+
 def test_keep_below_two_is_refused(store):
     with pytest.raises(ValueError, match="checkpoint.keep must be >= 2"):
         CheckpointManager(store, rank=0, world_size=1, keep=1, async_save=False)

@@ -100,21 +100,25 @@ def test_an_elastic_attempt_takes_over_its_own_jobs_lease_and_no_other(tmp_path)
     import json
     import time
 
-    from skylift.checkpoint.lease import LEASE, LeaseHeldError, RunLease
+    from skylift.checkpoint.lease import LeaseHeldError, RunLease, lease_generations, lease_key
     from skylift.storage import open_store
 
     store = open_store(str(tmp_path / "root"))
     job = rendezvous_id("10.0.0.5", 29500)
     live_elsewhere = {"owner": "old-rank-0", "host": "a-lost-node", "pid": 4242, "heartbeat_time": time.time(),
                       "ttl_s": 60.0}
-    store.write_bytes(LEASE, json.dumps({**live_elsewhere, "job_id": job}).encode())
+    def plant(job_id):  # a live holder on another host, as the lease's next generation
+        generation = max(lease_generations(store), default=0) + 1
+        store.write_bytes(lease_key(generation), json.dumps({**live_elsewhere, "job_id": job_id}).encode())
+
+    plant(job)
     lease = RunLease(store, job_id=job)
     lease.acquire()
     lease.release()
-    store.write_bytes(LEASE, json.dumps({**live_elsewhere, "job_id": rendezvous_id("10.0.0.9", 29500)}).encode())
+    plant(rendezvous_id("10.0.0.9", 29500))
     with pytest.raises(LeaseHeldError):
         RunLease(store, job_id=job).acquire()
-    store.write_bytes(LEASE, json.dumps({**live_elsewhere, "job_id": "none"}).encode())
+    plant("none")
     with pytest.raises(LeaseHeldError):  # torchrun's default run id is shared by unrelated static jobs
         RunLease(store, job_id="none").acquire()
 

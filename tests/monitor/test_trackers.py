@@ -19,6 +19,7 @@ import pytest
 from tests.checkpoint.runs import records, state_kept, train, train_arguments
 from tests.conftest import REPO_ROOT
 from tests.servers import free_port
+from tests.test_secrets import SECRET_SETS, assert_no_secret
 
 pytest.importorskip("mlflow")
 STEPS = ("schedule.max_steps=30", "monitor.log_every_steps=5")
@@ -222,3 +223,47 @@ def test_wandb_offline_run_holds_the_metrics_and_a_resume_continues_its_id(tmp_p
             if "train/loss" in row:
                 logged[row["trainer/step"]] = row["train/loss"]
     assert logged == _losses(run_dir)
+
+
+def test_mlflow_params_hold_no_secret(mlflow_schema, tmp_path, monkeypatch):
+    """Every submit.envs value (any name) and every URL's user-info is redacted in the params."""
+    from skylift.cloud.redact import REDACTED
+    from skylift.config.load import load_config
+    from skylift.monitor.exporters import RunInfo
+    from skylift.monitor.exporters.mlflow import MlflowExporter
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # see _train_here
+    uri = f"sqlite:///{shutil.copy(mlflow_schema, tmp_path / 'mlflow.db')}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = load_config(REPO_ROOT / "examples" / "quickstart.yaml",
+                         [f"run_dir={run_dir}", "monitor.exporters=[mlflow]", *SECRET_SETS[:2], SECRET_SETS[3]])
+    config.monitor.mlflow.tracking_uri = uri  # the exporter still reaches the store with the real value
+    exporter = MlflowExporter(config)
+    exporter.open(RunInfo(config, run_id="kept", resumed=False))
+    (_, (run,)) = _mlflow_run(uri)
+    params = run.data.params
+    assert_no_secret(json.dumps(params), "MLflow params")
+    assert params["submit.envs.NOTE"] == REDACTED and params["optim.lr"] == str(config.optim.lr)
+
+
+def test_wandb_config_holds_no_secret(tmp_path, monkeypatch):
+    """W&B's offline run files (its config and its debug log) hold no secret in clear."""
+    pytest.importorskip("wandb")
+    from skylift.config.load import load_config
+    from skylift.monitor.exporters import RunInfo
+    from skylift.monitor.exporters.wandb import WandbExporter
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = load_config(REPO_ROOT / "examples" / "quickstart.yaml",
+                         [f"run_dir={run_dir}", "monitor.exporters=[wandb]", "monitor.wandb.mode=offline",
+                          *SECRET_SETS])
+    exporter = WandbExporter(config)
+    exporter.open(RunInfo(config, run_id="kept", resumed=False))
+    exporter.run.finish()
+    files = [path for path in Path(run_dir, "wandb").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".wandb" for path in files)
+    for path in files:
+        assert_no_secret(path.read_bytes().decode("utf-8", errors="replace"), f"W&B {path.name}")

@@ -50,6 +50,37 @@ def test_dry_run_json_is_the_request_document(platform, capsys, vendor_credentia
     assert "***redacted***" in json.dumps(document)
 
 
+NEUTRAL_SECRET = "sk-test-123"
+URL_PASSWORD = "pa55word"
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("platform", list(PLATFORM_ARGS))
+def test_dry_run_hides_envs_under_any_name_and_url_user_info(platform, as_json, capsys, vendor_credentials):
+    """Every submit.envs value is secret whatever its name (a short one too), and so is a
+    URL's user-info in a --set the job runs with."""
+    argv = _argv(platform, "--set", f"submit.envs.NOTE={NEUTRAL_SECRET}", "--set", "submit.envs.SHORT=pw1",
+                 "--set", f"monitor.mlflow.tracking_uri=http://user:{URL_PASSWORD}@127.0.0.1:5000",
+                 *(["--json"] if as_json else []))
+    assert main(argv) == 0
+    output = capsys.readouterr()
+    printed = output.out + output.err
+    for secret in (URL_PASSWORD, NEUTRAL_SECRET, "user:", "pw1"):
+        assert secret not in printed, f"{secret!r} printed by {platform} --dry-run"
+    assert "127.0.0.1:5000" in printed and "NOTE" in printed and "SHORT" in printed
+
+
+def test_the_request_sent_still_carries_the_real_values():
+    from skylift.submit.base import platform_module
+    from tests.submit.conftest import make_job
+
+    for platform in PLATFORM_ARGS:
+        job = make_job(platform, submit={"envs": {"NOTE": NEUTRAL_SECRET}},
+                       run=[f"monitor.mlflow.tracking_uri=http://user:{URL_PASSWORD}@127.0.0.1:5000"])
+        sent = json.dumps(platform_module(platform).build(job).body)
+        assert NEUTRAL_SECRET in sent and f"user:{URL_PASSWORD}@" in sent, platform
+
+
 def test_a_missing_image_names_the_flag_and_the_next_command(capsys):
     argv = [item for item in _argv("pai") if item not in ("--image", IMAGE)]
     assert main(argv) == 2

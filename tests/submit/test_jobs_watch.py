@@ -134,25 +134,33 @@ def test_without_a_record_the_watch_follows_status_only_and_says_why(platform, c
     assert len(target.created()) == 1
 
 
+@pytest.mark.parametrize(("key", "secret", "shown"), [
+    ("submit.envs.HF_TOKEN", SECRETS[0], SECRETS[0]),
+    ("submit.envs.NOTE", "sk-test-123", "sk-test-123"),  # every env value is secret, whatever its name
+    ("monitor.mlflow.tracking_uri", "http://user:pa55word@127.0.0.1:5000", "pa55word"),  # so is a URL's user-info
+], ids=["secret-name", "neutral-name", "url-user-info"])
 @pytest.mark.parametrize("platform", ["pai"], indirect=True)
-def test_a_secret_override_is_not_written_and_must_be_given_again(platform, capsys):
+def test_a_secret_override_is_not_written_and_must_be_given_again(platform, capsys, key, secret, shown):
     target = platform(["reclaimed", "succeeded"])
-    secret = SECRETS[0]
-    document = _submit(capsys, target, "--set", f"submit.envs.HF_TOKEN={secret}")
+    document = _submit(capsys, target, "--set", f"{key}={secret}")
     with open(document["record"], encoding="utf-8") as stream:
         text = stream.read()
-    assert all(value not in text for value in SECRETS)
-    assert json.loads(text)["withheld"] == ["submit.envs.HF_TOKEN"]
+    assert all(value not in text for value in (*SECRETS, shown))
+    assert json.loads(text)["withheld"] == [key]
 
     assert main(["jobs", "watch", target.ref(1)]) == 1
     out = capsys.readouterr().out
-    assert "it cannot be resubmitted: submit.envs.HF_TOKEN had a secret value at submit" in out
-    assert f"skylift jobs watch {target.ref(1)} --set submit.envs.HF_TOKEN=VALUE" in out
-    assert len(target.created()) == 1 and secret not in out
+    assert f"it cannot be resubmitted: {key} had a secret value at submit" in out
+    assert f"skylift jobs watch {target.ref(1)} --set {key}=VALUE" in out
+    assert len(target.created()) == 1 and shown not in out
 
-    assert main(["jobs", "watch", target.ref(1), "--set", f"submit.envs.HF_TOKEN={secret}"]) == 0
-    assert secret not in capsys.readouterr().out
-    assert target.created()[1]["Envs"]["HF_TOKEN"] == secret
+    assert main(["jobs", "watch", target.ref(1), "--set", f"{key}={secret}"]) == 0
+    assert shown not in capsys.readouterr().out
+    resubmitted = target.created()[1]
+    if key.startswith("submit.envs."):
+        assert resubmitted["Envs"][key.removeprefix("submit.envs.")] == secret
+    else:
+        assert secret in resubmitted["UserCommand"]
 
 
 @pytest.mark.parametrize("platform", ["pai"], indirect=True)

@@ -102,3 +102,11 @@ def test_with_the_image_as_key_source_the_request_carries_no_key(vendor_credenti
     assert names == {"SKYLIFT_PLATFORM", "SKYLIFT_COS_ENDPOINT_URL"}
     text = json.dumps(body)
     assert TENCENT_SECRET not in text and TENCENT_KEY_ID not in text
+
+
+def test_every_submit_env_is_sent_private_whatever_its_name():
+    """TI-ONE hides an ``IsPrivate`` value in its console: every ``submit.envs`` value is secret."""
+    body = tione.build(make_job("tione", submit={"envs": {"NOTE": "sk-test-123", "WANDB_API_KEY": "k"}})).body
+    private = {env["Name"]: env["IsPrivate"] for env in body["Envs"]}
+    assert private == {"SKYLIFT_PLATFORM": False, "SKYLIFT_COS_ENDPOINT_URL": False, "NOTE": True,
+                       "WANDB_API_KEY": True}

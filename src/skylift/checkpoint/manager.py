@@ -7,8 +7,9 @@ Commit protocol, per save at step N:
 2. In the background, every rank serialises and writes its files into ``step-N/``.
 3. The ranks exchange (ok, file sizes and hashes) on a dedicated gloo group.
 4. Only if every rank succeeded, rank 0 writes ``manifest.json`` (the commit point),
-   then ``LATEST``, then deletes checkpoints beyond ``keep``. Otherwise it removes
-   ``step-N/`` and every rank learns that the save was abandoned.
+   then ``LATEST``, then keeps the newest ``keep`` checkpoints of the current timeline
+   (timeline.py) and deletes the rest. Otherwise it removes ``step-N/`` and every rank
+   learns that the save was abandoned.
 
 A crash anywhere before step 4 leaves a folder without a manifest, which readers
 ignore and the next start deletes.
@@ -27,16 +28,17 @@ import torch.distributed as dist
 
 from skylift.checkpoint.faults import fault_point
 from skylift.checkpoint.manifest import (
+    FIRST_TIMELINE,
     LATEST,
     MANIFEST,
     Manifest,
-    committed_steps,
     hashing,
     step_folder,
     step_folders,
 )
 from skylift.checkpoint.state import Snapshot
 from skylift.checkpoint.tiers import LocalTier
+from skylift.checkpoint.timeline import Forks, retain
 from skylift.storage import Store
 from skylift.storage.base import Chunks
 
@@ -69,7 +71,8 @@ class SaveResult:
 
 
 class CheckpointManager:
-    """Saves snapshots to ``store`` and keeps the newest ``keep`` committed ones.
+    """Saves snapshots to ``store`` and keeps the newest ``keep`` committed ones of the
+    current timeline (:attr:`timeline`).
 
     Args:
         store: the checkpoint root.
@@ -106,6 +109,8 @@ class CheckpointManager:
         self._copying: Snapshot | None = None
         self._cancel = threading.Event()
         self.history: list[SaveResult] = []
+        self.timeline: Forks = FIRST_TIMELINE
+        """The timeline every manifest records and retention keeps (the session sets it at resume)."""
 
     @property
     def group(self) -> Any:
@@ -285,7 +290,7 @@ class CheckpointManager:
             if decision[0] and decision[2] is not None:
                 self.tier.write_manifest(step, decision[2])
                 self.tier.drop_mismatches(step, decision[2], local_entries or {})
-                self.tier.retain(self.keep)
+                retain(self.tier.store, self.keep, self.timeline)
             elif not decision[0]:
                 self.tier.discard(step)
         return bool(decision[0]), decision[1]
@@ -296,15 +301,16 @@ class CheckpointManager:
         files: dict[str, dict[str, Any]] = {}
         for report_entries, _ in reports:
             files.update(report_entries)
-        encoded = Manifest.create(step, self.world_size, files, layout).encode()
+        encoded = Manifest.create(step, self.world_size, files, layout, self.timeline).encode()
+        written = False  # the manifest's write returned: committed, whatever fails after it
         try:
             store.write_bytes(f"{step_folder(step)}/{MANIFEST}", encoded)
+            written = True
             fault_point("after_manifest", step=step, rank=self.rank)
             store.write_bytes(LATEST, f"{step_folder(step)}\n".encode())
-            for old in committed_steps(store)[: -self.keep]:
-                store.delete_prefix(step_folder(old))
+            retain(store, self.keep, self.timeline)
         except Exception as failure:
-            if store.exists(f"{step_folder(step)}/{MANIFEST}"):
+            if written or _exists_or_false(store, f"{step_folder(step)}/{MANIFEST}"):
                 # Committed; only LATEST or retention failed, which the next save repairs.
                 log.warning("checkpoint step %d committed, but bookkeeping failed: %s", step, failure)
                 return [True, None, encoded]
@@ -323,3 +329,12 @@ class CheckpointManager:
         reports: list[Any] = [None] * self.world_size
         dist.all_gather_object(reports, report, group=self._group)
         return reports
+
+
+def _exists_or_false(store: Store, key: str) -> bool:
+    """Whether a write that raised landed anyway; False when the store cannot say (it is
+    down): a store failing here must not crash the writer thread (the save is abandoned)."""
+    try:
+        return store.exists(key)
+    except Exception:
+        return False

@@ -2,7 +2,7 @@
 
 Layout under ``checkpoint.root``::
 
-    LEASE.json                 who is writing this run (see lease.py)
+    lease/<generation>.json    who is writing this run (see lease.py)
     LATEST                     name of the newest committed checkpoint (a hint for tools)
     step-120/
       model.safetensors        rank 0: model weights
@@ -35,6 +35,7 @@ from typing import Any
 from skylift.errors import SkyliftError
 from skylift.storage import StorageError, StorageNotFoundError, Store
 from skylift.storage.base import Chunks
+from skylift.storage.names import check_relative_name
 
 __all__ = [
     "LATEST",
@@ -58,6 +59,8 @@ MANIFEST = "manifest.json"
 LATEST = "LATEST"
 FORMAT = "skylift-checkpoint/1"
 LAYOUTS = ("replicated", "sharded")
+FIRST_TIMELINE: tuple[tuple[str, int | None], ...] = (("0", None),)
+"""The timeline of a root's first run, and of manifests written before timelines (see timeline.py)."""
 _STEP_PATTERN = re.compile(r"^step-(\d+)$")
 
 
@@ -73,6 +76,9 @@ class Manifest:
     created_at: float
     layout: str = "replicated"
     """``replicated`` (the whole model from rank 0) or ``sharded`` (every rank's shards)."""
+    timeline: tuple[tuple[str, int | None], ...] = FIRST_TIMELINE
+    """The forks that led to this checkpoint, oldest first: (timeline id, the step of the
+    previous timeline it started from; None for the first). See timeline.py."""
 
     def encode(self) -> bytes:
         payload = {
@@ -82,6 +88,7 @@ class Manifest:
             "created_at": self.created_at,
             "layout": self.layout,
             "files": self.files,
+            "timeline": [list(fork) for fork in self.timeline],
         }
         return json.dumps(payload, indent=1, sort_keys=True).encode()
 
@@ -95,15 +102,36 @@ class Manifest:
             layout = payload.get("layout", "replicated")  # manifests written before sharding have none
             if layout not in LAYOUTS:
                 raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-            return cls(int(payload["step"]), int(payload["world_size"]), files, float(payload["created_at"]), layout)
+            step, world_size = int(payload["step"]), int(payload["world_size"])
+            timeline = decode_timeline(payload.get("timeline"))
+            manifest = cls(step, world_size, files, float(payload["created_at"]), layout, timeline)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise CorruptCheckpointError(f"{where}: unreadable manifest ({error})") from None
+        # Each name becomes a path or key under the checkpoint's folder, read from and,
+        # restoring a mirror, written to: one that leaves the folder is refused (an
+        # UnsafeNameError is a StorageError: readers skip this checkpoint as a corrupt one).
+        for name in files:
+            check_relative_name(name, where=where, what="file name", fix=(
+                "skylift never writes such a name: the manifest was altered; delete that checkpoint folder"))
+        return manifest
 
     @classmethod
     def create(
-        cls, step: int, world_size: int, files: dict[str, dict[str, Any]], layout: str = "replicated"
+        cls, step: int, world_size: int, files: dict[str, dict[str, Any]], layout: str = "replicated",
+        timeline: tuple[tuple[str, int | None], ...] = FIRST_TIMELINE,
     ) -> Manifest:
-        return cls(step, world_size, dict(sorted(files.items())), time.time(), layout)
+        return cls(step, world_size, dict(sorted(files.items())), time.time(), layout, timeline)
+
+
+def decode_timeline(value: Any) -> tuple[tuple[str, int | None], ...]:
+    if value is None:  # written before timelines
+        return FIRST_TIMELINE
+    if not isinstance(value, list) or not all(isinstance(fork, list) and len(fork) == 2 for fork in value):
+        raise ValueError(f"timeline {value!r} is not a list of [id, step] pairs")
+    forks = tuple((str(identity), None if start is None else int(start)) for identity, start in value)
+    if not forks or forks[0][1] is not None or any(start is None for _, start in forks[1:]):
+        raise ValueError(f"timeline {value!r} does not start with a first timeline")
+    return forks
 
 
 def step_folder(step: int) -> str:

@@ -12,49 +12,33 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from skylift.checkpoint.lease import LeaseHeldError, RunLease
+from skylift.checkpoint.lease import FencedStore, LeaseHeldError, RunLease
 from skylift.checkpoint.manager import CheckpointManager, SaveResult
-from skylift.checkpoint.manifest import (
-    CorruptCheckpointError,
-    Manifest,
-    committed_steps,
-    read_manifest,
-    read_verified,
-    step_folder,
-)
+from skylift.checkpoint.manifest import CorruptCheckpointError, Manifest, step_folder
+from skylift.checkpoint.selection import ResumeSelection
 from skylift.checkpoint.sharded import capture_sharded, is_sharded, restore_sharded
 from skylift.checkpoint.state import (
-    DCP_METADATA_FILE,
-    EXTRA_FILE,
-    MODEL_FILE,
-    OPTIMIZER_FILE,
-    OPTIMIZER_TENSORS_FILE,
     SHARDED,
-    TRAINER_FILE,
     capture,
     restore_extra,
     restore_replicated,
     restore_rng,
     rng_files,
 )
-from skylift.checkpoint.tiers import (
-    LocalTier,
-    manifest_with_fallback,
-    read_with_fallback,
-)
+from skylift.checkpoint.tiers import LocalTier, read_with_fallback
 from skylift.config.schema import CheckpointConfig
 from skylift.errors import SkyliftConfigError
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
-from skylift.storage import StorageError, Store, open_store
+from skylift.storage import Store, open_store
 from skylift.storage.local import LocalStore
 
 __all__ = ["Checkpointing", "TrainingObjects"]
@@ -95,8 +79,9 @@ class Checkpointing:
         self.store: Store = open_store(config.root or str(run_dir / "checkpoints"), endpoint_url=config.endpoint_url)
         commit_group = dist.new_group(backend="gloo") if context.is_distributed else None
         self.tier = self._local_tier(config, context)
+        self.lease = RunLease(self.store, ttl_s=config.lease_ttl_s) if context.is_main else None
         self.manager = CheckpointManager(
-            self.store,
+            FencedStore(self.store, self.lease),  # a job that lost the lease writes nothing more
             rank=context.rank,
             world_size=context.world_size,
             keep=config.keep,
@@ -105,13 +90,13 @@ class Checkpointing:
             on_commit_failure=self._on_save_failure,
             tier=self.tier,
         )
-        self.lease = RunLease(self.store, ttl_s=config.lease_ttl_s) if context.is_main else None
         self.objects: TrainingObjects | None = None
         self._buffers: dict[str, Any] = {}  # host copies reused between saves
         self._recorded = 0
-        self._resumed_from = ""  # with a local tier: how many files came from it
         self._last_saved_step: int | None = None
         self._sharded = False  # the model's parameters are DTensors (set by resume())
+        self.selection = ResumeSelection(config.resume, self.store, self.tier, context, self._gather_all,
+                                         self._broadcast)
         self._last_save_time = time.monotonic()
         self.stall_between_steps_s = 0.0
         self.stall_in_optimizer_s = 0.0
@@ -140,9 +125,10 @@ class Checkpointing:
             objects.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._sharded = is_sharded(objects.model)
         restored = self._select_and_restore(objects)
+        self.manager.timeline = self.selection.continue_timeline(restored[3] if restored is not None else None)
         if restored is None:
             return None
-        step, contents, counters = restored
+        step, contents, counters, _ = restored
         self._restore_rng(contents, step)
         state.step, state.epoch, state.samples_seen = counters["step"], counters["epoch"], counters["samples_seen"]
         if objects.loader is not None and "loader" in counters:
@@ -150,20 +136,22 @@ class Checkpointing:
         if objects.extra is not None:
             restore_extra(contents, objects.extra)
         self._last_saved_step = step
-        log.info("resumed from %s%s", self.store.describe(f"step-{step}"), self._resumed_from)
+        log.info("resumed from %s%s", self.store.describe(f"step-{step}"), self.selection.resumed_from)
         return step
 
-    def _select_and_restore(self, objects: TrainingObjects) -> tuple[int, dict[str, bytes], dict[str, Any]] | None:
+    def _select_and_restore(
+        self, objects: TrainingObjects
+    ) -> tuple[int, dict[str, bytes], dict[str, Any], Manifest] | None:
         """The checkpoint ``checkpoint.resume`` selects, loaded into ``objects``: (its step,
-        this rank's files of it, its counters), or None for a fresh start.
+        this rank's files of it, its counters, its manifest), or None for a fresh start.
 
         A sharded checkpoint's shards are read (and verified) during the load, which DCP
         runs collectively: one that fails on any rank fails on every rank, and ``auto``
         goes on to the next older checkpoint (the load overwrites every tensor again).
         """
-        for step, manifest, contents in self._selections():
+        for step, manifest, contents in self.selection.checkpoints():
             try:
-                return step, contents, self._restore(objects, manifest, contents)
+                return step, contents, self._restore(objects, manifest, contents), manifest
             except CorruptCheckpointError as problem:
                 if manifest.layout != SHARDED or self.config.resume != "auto":
                     raise
@@ -344,58 +332,6 @@ class Checkpointing:
         if self.lease is not None:
             self.lease.release()
 
-    def _selections(self) -> Iterator[tuple[int, Manifest, dict[str, bytes]]]:
-        """The checkpoints ``checkpoint.resume`` selects, agreed by all ranks, newest
-        first, each with its manifest and this rank's files of it (read and verified)."""
-        choice = self.config.resume
-        if choice == "never":
-            self._refuse_existing()
-            return
-        if choice != "auto":
-            step = self._broadcast(self._explicit(choice) if self.context.is_main else None)
-            manifest = read_manifest(self.store, step)  # raises CorruptCheckpointError: no fallback
-            yield step, manifest, read_verified(self.store, step, manifest, self._names_for_this_rank(manifest))
-            return
-        for step in self._candidates():
-            manifest, contents, problem = self._try_read(step)
-            problems = self._gather_all(problem)
-            if not any(problems):
-                yield step, manifest, contents
-                continue
-            for rank, rank_problem in enumerate(problems):
-                if rank_problem and (rank == self.context.rank or self.context.is_main):
-                    log.warning("skipping checkpoint %s: %s", self.store.describe(f"step-{step}"), rank_problem)
-
-    def _candidates(self) -> list[int]:
-        """Steps committed in the root or in any node's local copy, newest first."""
-        steps = set(committed_steps(self.store)) if self.context.is_main else set()
-        if self.tier is not None and self.tier.node_leader:
-            steps.update(self.tier.committed_steps())
-        union = set().union(*self._gather_all(steps))
-        return sorted(union, reverse=True)
-
-    def _try_read(self, step: int) -> tuple[Any, Any, str | None]:
-        """(manifest, this rank's files, None), or (None, None, the problem)."""
-        local = self.tier.store if self.tier is not None else None
-        try:
-            manifest = manifest_with_fallback(step, local, self.store)
-            contents, sources = read_with_fallback(manifest, self._names_for_this_rank(manifest), local, self.store)
-        except (CorruptCheckpointError, StorageError) as error:
-            return None, None, str(error)
-        if local is not None:
-            from_local = sum(source == "local" for source in sources.values())
-            self._resumed_from = f": {from_local} of {len(sources)} files from the local copy {local.url}"
-        return manifest, contents, None
-
-    def _refuse_existing(self) -> None:
-        existing = sorted(set(self._candidates()))
-        if existing:
-            where = self.store.url + (f" or {self.tier.store.url}" if self.tier is not None else "")
-            raise SkyliftConfigError(
-                f"checkpoint.resume is 'never' but {where} already holds checkpoints "
-                f"(steps {existing}); use --resume auto, or a new checkpoint.root"
-            )
-
     def _gather_all(self, value: Any) -> list[Any]:
         if not self.context.is_distributed:
             return [value]
@@ -413,25 +349,6 @@ class Checkpointing:
                 "URL, or drop checkpoint.local_root"
             )
         return LocalTier(config.local_root, self.store, node_leader=context.local_rank == 0)
-
-    def _explicit(self, location: str) -> int:
-        parent, _, name = location.rstrip("/").rpartition("/")
-        if not name.startswith("step-") or not name[5:].isdigit():
-            raise SkyliftConfigError(f"checkpoint.resume: {location!r} is not a step-N checkpoint folder")
-        if parent.rstrip("/") != self.store.url.rstrip("/") and Path(parent).absolute() != Path(self.store.url):
-            raise SkyliftConfigError(
-                f"checkpoint.resume: {location!r} is not under checkpoint.root {self.store.url!r}; "
-                "set checkpoint.root to its parent"
-            )
-        return int(name[5:])
-
-    def _names_for_this_rank(self, manifest: Manifest) -> list[str]:
-        """The files read before the load: a sharded checkpoint's shards are read during it."""
-        if manifest.layout == SHARDED:
-            names = [DCP_METADATA_FILE, OPTIMIZER_FILE, TRAINER_FILE]
-        else:
-            names = [MODEL_FILE, OPTIMIZER_TENSORS_FILE, OPTIMIZER_FILE, TRAINER_FILE]
-        return names + [name for name in (*rng_files(self.context.rank), EXTRA_FILE) if name in manifest.files]
 
     def _restore_rng(self, contents: dict[str, bytes], step: int) -> None:
         tensors_file, json_file = rng_files(self.context.rank)

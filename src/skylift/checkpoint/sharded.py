@@ -82,6 +82,7 @@ from skylift.checkpoint.state import (
 )
 from skylift.errors import SkyliftConfigError
 from skylift.storage import StorageError
+from skylift.storage.names import check_file_name
 
 __all__ = [
     "VerifiedReader",
@@ -377,6 +378,10 @@ def decode_metadata(data: bytes, where: str) -> Metadata:
                    {"file": str(chunk["file"]), "key": str(chunk["key"])} for chunk in document["storage"]}
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CorruptCheckpointError(f"{where}: unreadable DCP metadata ({type(error).__name__}: {error})") from None
+    for chunk_place in storage.values():  # a file name of this checkpoint's folder, never a path out of it
+        check_file_name(chunk_place["file"], where=where, what="chunk file name",
+                        fix="skylift writes only model-rank<R>.safetensors and optimizer-rank<R>.safetensors "
+                        "there: the metadata was altered; delete that checkpoint folder")
     return Metadata(state_dict_metadata=entries, storage_data=storage)
 
 

@@ -1,4 +1,4 @@
-"""``skylift check CONFIG``: validate and print the resolved config."""
+"""``skylift check CONFIG``: validate and print the resolved config (secrets redacted)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from skylift.config.load import dump_config, load_config
+    import yaml
+
+    from skylift.cloud.redact import redact_config
+    from skylift.config.load import load_config
     from skylift.recipes import check_recipe_args
 
     config = load_config(args.config, args.overrides)
     check_recipe_args(config)
-    print(json.dumps(config.model_dump(mode="json"), indent=2) if args.json else dump_config(config), end="")
+    # Every field, but no secret in clear: submit.envs values and URLs' user-info are redacted.
+    resolved = redact_config(config.model_dump(mode="json"))
+    print(json.dumps(resolved, indent=2) if args.json else yaml.safe_dump(resolved, sort_keys=False), end="")
     return 0

@@ -54,6 +54,7 @@ def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=
     # Unset flags (None) take what the platform tells this node (SageMaker, PAI-DLC,
     # TI-ONE, Kubeflow, SkyPilot), else their defaults; a given flag wins.
     platform_grace_s = fill_from_platform(args)
+    _check_port_and_grace(args.master_port, args.grace_s)
     grace_s = next((value for value in (args.grace_s, grace_s, platform_grace_s) if value is not None), None)
     # An elastic pod the platform gave no node rank (PyTorchJob's elasticPolicy) cannot say
     # whether it hosts the rendezvous: torch then decides by host name (the endpoint's pod).
@@ -62,3 +63,20 @@ def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=
                         rendezvous_host_by_name=by_hostname)
     topology.validate()
     return topology
+
+
+def _check_port_and_grace(master_port: int | None, grace_s: float | None) -> None:
+    """Refused here, before any dry run passes them: torchrun would fail on the port with a
+    traceback, and a negative grace would kill workers before they could save."""
+    import math
+
+    from skylift.errors import SkyliftConfigError
+
+    if master_port is not None and not 1 <= master_port <= 65535:
+        raise SkyliftConfigError(
+            f"--master-port must be a TCP port, 1 to 65535, got {master_port}",
+            hint="Leave it out to take a free port (one node), or pass the same port on every node.",
+        )
+    if grace_s is not None and not (math.isfinite(grace_s) and grace_s >= 0):
+        raise SkyliftConfigError(f"--grace-s must be a number of seconds >= 0, got {grace_s}",
+                                 hint="Leave it out for the detected cloud's notice window (30 s off-cloud).")

@@ -16,7 +16,9 @@ WORKER_MODULE = "skylift.cli.worker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     add_topology_arguments(parser)
-    parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run every check the run makes before its first worker (the doctor's too, unless "
+                        "--no-doctor), print the plan; start nothing")
     parser.add_argument("--json", action="store_true", help="print the plan or the final summary as JSON")
     parser.add_argument(
         "--resume",
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.config.load import load_config
+    from skylift.doctor.gate import check_before_start
     from skylift.loop.distributed import launched_by_torchrun
     from skylift.train.preflight import preflight
 
@@ -37,7 +40,9 @@ def execute(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     topology = topology_from(args, grace_s=config.preemption.grace_s, nodes=config.distributed.nodes)
     plan = preflight(config, topology.world_size)
-    if args.dry_run:
+    if args.dry_run:  # the same checks as the run below, so a dry run that passes starts
+        check_before_start(config, command="run", nproc=topology.nproc, nnodes=topology.nnodes,
+                           config_path=args.config, enforce=not args.no_doctor)
         _print_plan(plan, as_json=args.json)
         return 0
     _skip_collections_at_exit()
@@ -46,8 +51,6 @@ def execute(args: argparse.Namespace) -> int:
         from skylift.train.preloaded_workers import start_server
 
         start_server(WORKER_MODULE)  # its imports overlap the doctor's checks and the rendezvous
-    from skylift.doctor.gate import check_before_start
-
     facts = check_before_start(config, command="run", nproc=topology.nproc, nnodes=topology.nnodes,
                                config_path=args.config, enforce=not args.no_doctor)  # fmt: skip
     if in_this_process:

@@ -23,8 +23,8 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
     setup_logging()
     if as_json:
         config.monitor.progress_bar = False
-    trainer = Trainer(config)
     try:
+        trainer = Trainer(config)  # opens the checkpoint store: its errors are messages too
         summary = trainer.fit()
     except SkyliftConfigError:
         raise

@@ -66,7 +66,17 @@ class CheckpointConfig(Section):
 
     lease_ttl_s: float = Field(default=60.0, ge=1.0)
     """A run lease whose heartbeat is older than this is stale; a second job on the
-    same root is refused while the lease is live."""
+    same root is refused while the lease is live, and may take over a stale one. A job
+    whose lease was taken over (it was paused past this, say) stops at its next step
+    boundary without writing the root again, exit 1."""
+
+    unreachable_limit_s: float = Field(default=300.0, gt=0.0)
+    """How long the checkpoint root may stay unreachable (saves failing with timeouts,
+    refused or dropped connections, 5xx or throttling after all their retries), counted
+    from the start of the first such save, before the run stops (exit 1) with a line
+    naming the newest committed step; a save that commits starts the count again.
+    Whatever ``on_failure`` says: a store that stays down would otherwise cost every due
+    save its whole retry budget."""
 
     save_final_model: bool = True
     """Also write the trained weights to ``RUN_DIR/model.safetensors`` at the end."""

@@ -70,7 +70,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...])
                 f"override {override!r} is not of the form section.key=value",
                 hint="Example: --set optim.lr=0.001",
             )
-        _set_dotted(result, key.strip().split("."), yaml.safe_load(text) if text.strip() else None)
+        try:
+            value = _parse_yaml(text) if text.strip() else None
+        except yaml.YAMLError as error:
+            raise SkyliftConfigError(
+                f"--set {override}: the value {text!r} is not valid YAML ({_yaml_problem(error)})",
+                hint="Quote a value that holds YAML's special characters, e.g. --set 'run_dir=\"runs/[a]\"'",
+            ) from None
+        _set_dotted(result, key.strip().split("."), value)
     return result
 
 
@@ -80,20 +87,73 @@ def dump_config(config: RunConfig) -> str:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.exists():
         raise SkyliftConfigError(
             f"config file {str(path)!r} does not exist",
             hint="List the shipped examples with: ls examples/",
         )
+    if path.is_dir():
+        raise SkyliftConfigError(f"config file {str(path)!r} is a folder, not a YAML file",
+                                 hint="Name the YAML file inside it; list the shipped examples with: ls examples/")
+    if not path.is_file():  # /dev/null, a FIFO: nothing a config could be read from twice
+        raise SkyliftConfigError(f"config file {str(path)!r} is not a regular file",
+                                 hint="Name a YAML file; list the shipped examples with: ls examples/")
+    data = path.read_bytes()
     try:
-        loaded = yaml.safe_load(path.read_text())
+        text = data.decode("utf-8-sig")  # an editor's byte-order mark is harmless
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SkyliftConfigError(
+            f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} (a binary file, or "
+            "another encoding such as Latin-1)",
+            hint=f"Save it as UTF-8, e.g.: iconv -f latin1 -t utf-8 {path} > fixed.yaml",
+        ) from None
+    try:
+        loaded = _parse_yaml(text)
     except yaml.YAMLError as error:
-        raise SkyliftConfigError(f"{path} is not valid YAML: {error}") from None
+        raise SkyliftConfigError(f"{path} is not valid YAML: {_yaml_problem(error)}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
         raise SkyliftConfigError(f"{path} must hold a mapping of sections, not {type(loaded).__name__}")
     return loaded
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps
+    the last silently, so an edit lower in the file would quietly undo one above."""
+
+
+def _mapping_without_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:  # before merge keys (<<: *anchor) are flattened: those may be overridden
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            earlier = first_line.get(key)
+        except TypeError:  # an unhashable key: the base constructor refuses it
+            break
+        if earlier is not None:
+            line = key_node.start_mark.line + 1
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice (lines {earlier} and {line}); keep one", None)
+        first_line[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def _parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what, and where (its own text spans several lines)."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _set_dotted(target: dict[str, Any], parts: list[str], value: Any) -> None:

@@ -1,4 +1,6 @@
-"""The base of every config section: unknown keys refused, one docstring per field."""
+"""The base of every config section: unknown keys refused, non-finite numbers refused
+(``.inf``, ``.nan``: a learning rate of infinity trains to NaN, and ``Infinity`` in
+``metrics.jsonl`` is not JSON), one docstring per field."""
 
 from __future__ import annotations
 
@@ -13,4 +15,5 @@ class Section(BaseModel):
         use_attribute_docstrings=True,
         validate_assignment=True,
         frozen=False,
+        allow_inf_nan=False,
     )

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from skylift.data.shards import ShardInfo
+from skylift.data.shards import ShardInfo, check_shard_name
 from skylift.storage import StorageError, Store
 
 __all__ = ["CorruptShardError", "ShardCache"]
@@ -44,7 +44,8 @@ class ShardCache:
         self.bytes_downloaded = 0
 
     def path(self, shard: ShardInfo) -> Path:
-        return self.root / shard.name
+        # read_index checked the name already; this guards a ShardInfo built any other way.
+        return self.root / check_shard_name(shard.name, self.store)
 
     def read(
         self, shard: ShardInfo, keep: frozenset[str] = frozenset(), ready: Callable[[bytes], None] | None = None
@@ -55,7 +56,7 @@ class ShardCache:
         ``ready`` gets the bytes as soon as they are verified, before a download is
         written into the cache: the reader that asked need not wait for the disk.
         """
-        target = self.path(shard)
+        target = self.path(shard)  # first: the lock file's name is made of the shard's too
         with _locked(self.root / f".{shard.name}.lock"):
             data = target.read_bytes() if target.is_file() else None
             if data is not None and not _stamped(target, shard) and not _matches(data, shard):

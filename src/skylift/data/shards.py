@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skylift.storage import StorageNotFoundError, Store
+from skylift.storage.names import check_file_name
 
-__all__ = ["INDEX", "ShardIndex", "ShardInfo", "ShardWriter", "read_index", "read_shard_samples"]
+__all__ = ["INDEX", "ShardIndex", "ShardInfo", "ShardWriter", "check_shard_name", "read_index", "read_shard_samples"]
 
 INDEX = "index.json"
 FORMAT = "skylift-shards/1"
@@ -76,7 +77,22 @@ def read_index(store: Store) -> ShardIndex:
     if payload.get("format") != FORMAT:
         raise ValueError(f"{store.describe(INDEX)}: format {payload.get('format')!r} is not {FORMAT!r}")
     shards = [ShardInfo(**entry) for entry in payload["shards"]]
+    for shard in shards:  # every name becomes a path in the shard cache: none may leave it
+        check_shard_name(shard.name, store)
     return ShardIndex(shards, list(payload["fields"]), dict(payload.get("metadata") or {}))
+
+
+def check_shard_name(name: object, store: Store) -> str:
+    """``name`` if it is a plain, visible file name, as :class:`ShardWriter` writes them.
+
+    Raises:
+        UnsafeNameError: naming the dataset's index, the name and the fix.
+    """
+    return check_file_name(
+        name, where=store.describe(INDEX), what="shard name", hidden_allowed=False,
+        fix=f"The index is damaged or was not written by `skylift shard`; rebuild the dataset with: "
+        f"skylift shard SOURCE {store.url}",
+    )  # fmt: skip
 
 
 class ShardWriter:

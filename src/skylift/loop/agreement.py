@@ -34,8 +34,13 @@ class StopReason:
     """A guard (budget, idle GPU): save without a notice window, then exit 3."""
     PREEMPTED = 3
     """Wins over a guard: its save must fit the notice window."""
+    ROOT_LOST = 4
+    """The checkpoint root can no longer be written (another job took the lease, or the
+    store stayed unreachable past ``checkpoint.unreachable_limit_s``): stop without saving.
+    Wins over everything: no save is possible."""
 
-    NAMES = {SAVE_FAILED: "checkpoint save failed", GUARD: "guard", PREEMPTED: "preemption notice"}
+    NAMES = {SAVE_FAILED: "checkpoint save failed", GUARD: "guard", PREEMPTED: "preemption notice",
+             ROOT_LOST: "checkpoint root lost"}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from skylift.storage.errors import (
     StoragePermanentError,
     StoragePreconditionFailed,
 )
+from skylift.storage.names import UnsafeNameError
 
 __all__ = ["LocalStore"]
 
@@ -34,6 +35,16 @@ class LocalStore(Store):
         self.url = str(self.root)
 
     def path(self, key: str) -> Path:
+        """The file of ``key``, which must be a relative path under ``root``.
+
+        Raises:
+            UnsafeNameError: ``key`` is absolute or holds a ``..`` (a defence in depth: the
+                readers of indexes and manifests check their names before this). Any
+                ``..`` is refused, not only one that climbs out on paper: the kernel
+                resolves ``link/..`` through the symlink, not lexically.
+        """
+        if os.path.isabs(key) or ".." in Path(key).parts:
+            raise UnsafeNameError(f"{self.describe(key)}: key {key!r} would leave the folder {self.root}; refused")
         return self.root / key
 
     def write_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
@@ -100,6 +111,20 @@ class LocalStore(Store):
             folders.add(self.path(key).parent)
         for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
             _remove_empty_folders(folder, self.root)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Every key under ``prefix``, and the temporary files a killed writer left there:
+        :meth:`list` hides those, so a folder holding only them would never be removed."""
+        base = self.path(prefix) if prefix else self.root
+        if base.is_dir():
+            for folder, _, names in os.walk(base):
+                for name in names:
+                    if name.startswith(_TEMPORARY_PREFIX):
+                        Path(folder, name).unlink(missing_ok=True)
+        super().delete_prefix(prefix)
+        if base.is_dir() and base != self.root:  # a folder left with only (now removed) temporaries
+            for folder, _, _ in sorted(os.walk(base), key=lambda entry: len(Path(entry[0]).parts), reverse=True):
+                _remove_empty_folders(Path(folder), self.root)
 
     def _publish(self, temporary: Path, target: Path, *, if_absent: bool) -> None:
         if not if_absent:

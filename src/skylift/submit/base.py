@@ -65,6 +65,8 @@ class SubmitRequest:
     """Objects sent before ``body`` (the ClusterTrainingRuntime of a TrainJob)."""
     notes: list[str] = field(default_factory=list)
     """What ``--dry-run`` says beside the request (whether the platform keeps an elastic job running)."""
+    secret_envs: dict[str, str] = field(default_factory=dict, repr=False)
+    """The job's ``submit.envs``: sent as they are, hidden in everything printed whatever their names."""
 
 
 @dataclass(frozen=True)

@@ -76,10 +76,11 @@ def build(job: JobSpec) -> SubmitRequest:
     target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
     notes = elastic.notes("k8s", job, api=options.kubernetes.api)
     if options.kubernetes.api == "pytorchjob":
-        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job), notes=notes)
+        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job), notes=notes,
+                             secret_envs=job.envs)
     runtime = _cluster_training_runtime(job)
     return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]), [runtime],
-                         notes=notes)
+                         notes=notes, secret_envs=job.envs)
 
 
 def grace_period_s(options: SubmitConfig) -> int:

@@ -20,7 +20,8 @@ _YAML_PLATFORMS = ("k8s", "skypilot")
 
 
 def request_document(request: SubmitRequest) -> dict[str, Any]:
-    """The request as one JSON-able mapping, secrets redacted."""
+    """The request as one JSON-able mapping, secrets redacted: every ``submit.envs`` value
+    whatever its name, every URL's user-info, every credential of this environment."""
     document = {
         "platform": request.platform,
         "operation": request.operation,
@@ -31,7 +32,7 @@ def request_document(request: SubmitRequest) -> dict[str, Any]:
         document["applied_first"] = request.extra
     if request.notes:
         document["notes"] = request.notes
-    return redact(document)
+    return redact(document, envs=request.secret_envs)
 
 
 def print_request(request: SubmitRequest, *, as_json: bool) -> None:
@@ -40,8 +41,8 @@ def print_request(request: SubmitRequest, *, as_json: bool) -> None:
         print(json.dumps({**document, "sent": False}, indent=2))
         return
     name = MODULES[request.platform][1]
-    print(f"skylift submit --dry-run: {name} {request.operation} -> {request.target}; nothing was sent")
-    for note in request.notes:
+    print(f"skylift submit --dry-run: {name} {request.operation} -> {document['target']}; nothing was sent")
+    for note in document.get("notes", []):
         print(f"skylift submit --dry-run: {note}")
     if request.platform in _YAML_PLATFORMS:
         documents = [*document.get("applied_first", []), document["request"]]

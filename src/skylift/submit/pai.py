@@ -104,7 +104,8 @@ def build(job: JobSpec) -> SubmitRequest:
     if options.pai.resource_id:
         body["ResourceId"] = options.pai.resource_id
     target = options.pai.endpoint or f"pai-dlc {options.region or '(region?)'}"
-    return SubmitRequest("pai", "CreateJob", target, body, notes=elastic.notes("pai", job))
+    return SubmitRequest("pai", "CreateJob", target, body, notes=elastic.notes("pai", job),
+                         secret_envs=job.envs)
 
 
 def _spot_spec(options: SubmitConfig) -> dict[str, Any]:

@@ -7,9 +7,9 @@ window closed).
 path and a hash of its text (a script job: its command in the image, and the config
 only if ``--config`` named one), the ``--set`` overrides and flags it was submitted with,
 the checkpoint root and image they resolved to, every job reference so far and the
-resubmission count. No credentials: an override whose key looks secret
-(``submit.envs.HF_TOKEN=...``) or whose value holds a credential variable's value is
-kept by key only, and ``jobs watch`` asks for it again.
+resubmission count. No credentials: an override of ``submit.envs`` (any name), or
+one whose key looks secret, or whose value holds a URL's user-info or a credential
+variable's value, is kept by key only, and ``jobs watch`` asks for it again.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def new_record(job: JobSpec, ref: JobRef, *, config_path: str | None, overrides:
     kept, withheld = [], []
     for item in overrides:
         key, _, value = item.partition("=")
-        if redact(value, under=key.strip()) != value:
+        # Every submit.envs value is secret whatever its name; so is a URL's user-info.
+        if key.strip().startswith("submit.envs.") or redact(value, under=key.strip()) != value:
             withheld.append(key.strip())
         else:
             kept.append(item)

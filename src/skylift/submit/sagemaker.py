@@ -108,7 +108,8 @@ def build(job: JobSpec) -> SubmitRequest:
     if channels:
         body["InputDataConfig"] = channels
     target = options.sagemaker.endpoint_url or f"sagemaker {options.region or '(default region)'}"
-    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body, notes=elastic.notes("sagemaker", job))
+    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body, notes=elastic.notes("sagemaker", job),
+                         secret_envs=job.envs)
 
 
 def _checkpointing(job: JobSpec, checkpoint_uri: str) -> tuple[dict[str, str] | None, dict[str, str]]:

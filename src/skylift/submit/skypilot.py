@@ -75,7 +75,7 @@ def build(job: JobSpec) -> SubmitRequest:
         "run": job.shell_command(),
     }
     return SubmitRequest("skypilot", "sky jobs launch", "SkyPilot API server (sky jobs)", task,
-                         notes=elastic.notes("skypilot", job))
+                         notes=elastic.notes("skypilot", job), secret_envs=job.envs)
 
 
 def _is_accelerator(name: str) -> bool:

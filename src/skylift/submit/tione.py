@@ -89,7 +89,9 @@ def build(job: JobSpec) -> SubmitRequest:
         "StartCmdInfo": {"StartCmd": job.shell_command(overrides)},
         "TrainingMode": "DDP",
         "Output": {"Bucket": bucket, "Region": options.region, "Paths": [f"{key}-output/"]},
-        "Envs": [{"Name": name, "Value": value, "IsPrivate": is_secret_name(name)} for name, value in envs.items()],
+        # Every submit.envs value is secret, whatever its name: TI-ONE hides a private one.
+        "Envs": [{"Name": name, "Value": value, "IsPrivate": name in job.envs or is_secret_name(name)}
+                 for name, value in envs.items()],
         "LogEnable": True,
     }
     if data_configs:
@@ -101,7 +103,8 @@ def build(job: JobSpec) -> SubmitRequest:
     if options.tione.resource_group_id:
         body["ResourceGroupId"] = options.tione.resource_group_id
     target = options.tione.endpoint or f"tione.tencentcloudapi.com {options.region}"
-    return SubmitRequest("tione", "CreateTrainingTask", target, body, notes=elastic.notes("tione", job))
+    return SubmitRequest("tione", "CreateTrainingTask", target, body, notes=elastic.notes("tione", job),
+                         secret_envs=job.envs)
 
 
 def _data_configs(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:

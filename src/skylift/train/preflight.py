@@ -33,7 +33,17 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         # The Runtime checks again; here the refusal comes before any worker starts (check, --dry-run).
         check_sharding_options(precision=config.precision, channels_last=config.channels_last,
                                cpu_offload=config.distributed.fsdp.cpu_offload, ema_decay=config.optim.ema_decay)
+    _check_stores(config)
+    from skylift.train.services import _check_exporters
+
+    _check_exporters(config.monitor.exporters)  # the package of each named exporter
     device = _local_device(config.device)
+    if config.distributed.backend == "nccl" and device.type != "cuda" and world_size > 1:
+        raise SkyliftConfigError(
+            f"distributed.backend: nccl needs CUDA GPUs, and these {world_size} processes would train on the CPU "
+            f"(device: {config.device}, CUDA {'visible' if torch.cuda.is_available() else 'not visible'})",
+            hint="Set distributed.backend: auto (NCCL on GPUs, gloo on CPUs) or gloo.",
+        )
     policy = resolve_precision(config.precision, DeviceInfo.detect(device))
     return {
         "world_size": world_size,
@@ -51,6 +61,27 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         "max_steps": config.schedule.max_steps,
         "run_dir": str(config.run_dir),
     }
+
+
+def _check_stores(config: RunConfig) -> None:
+    """Each store URL as the run would open it: the scheme, bucket and endpoint (no request
+    is sent); a local dataset's ``index.json`` is read, as the run's first step would."""
+    from skylift.data.shards import read_index
+    from skylift.storage import StorageError, check_store_url, open_store
+
+    urls = [("data.url", config.data.url, config.data.endpoint_url),
+            ("data.val_url", config.data.val_url, config.data.endpoint_url)]
+    if config.checkpoint.enabled and config.checkpoint.root:
+        urls.append(("checkpoint.root", config.checkpoint.root, config.checkpoint.endpoint_url))
+    for field, url, endpoint_url in urls:
+        if not url:
+            continue
+        try:
+            check_store_url(url, endpoint_url=endpoint_url, endpoint_field=f"{field.split('.')[0]}.endpoint_url")
+            if field.startswith("data.") and ("://" not in url or url.startswith("file://")):
+                read_index(open_store(url))
+        except (StorageError, ValueError) as error:
+            raise SkyliftConfigError(f"{field}: {error}") from None
 
 
 def _local_device(requested: str) -> torch.device:

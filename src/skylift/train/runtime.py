@@ -451,6 +451,10 @@ class Runtime:
                 code = EXIT_REQUEUE if preempted else EXIT_GUARD if guarded else EXIT_FAILURE
             if self.dist.is_main:
                 self._say_where_it_ended(samples_per_s, preempted, report)
+            if self.services.unsaved is not None:  # the final checkpoint failed: not a success
+                code = EXIT_FAILURE if exit_code is None else exit_code
+                if self.dist.is_main:
+                    print(f"skylift: {self.services.unsaved}", file=sys.stderr)
         exit_cleanly(code)
 
     def _say_where_it_ended(self, samples_per_s: float, preempted: bool, report: Any) -> None:

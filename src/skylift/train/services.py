@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 
 from skylift.checkpoint.faults import fault_point
-from skylift.config.load import dump_config
+from skylift.checkpoint.lease import LeaseLostError
+from skylift.cloud.redact import redact_config
 from skylift.config.schema import RunConfig
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
 from skylift.loop.distributed import DistributedContext
@@ -42,11 +44,19 @@ from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
 from skylift.run_dir import RunDirectory
 from skylift.train.membership import MembershipWatch
+from skylift.errors import SkyliftError
+from skylift.storage import StorageTransientError
 from skylift.train.preemption import PreemptionWatch
 
-__all__ = ["RunServices", "seed_everything"]
+__all__ = ["RunNotSavedError", "RunServices", "seed_everything"]
 
 log = logging.getLogger("skylift")
+
+
+class RunNotSavedError(SkyliftError):
+    """The run stopped, or ended, with its state not committed: the checkpoint root was
+    lost or unreachable, the final checkpoint failed, or the final model could not be
+    written. The message says why and names the newest committed checkpoint."""
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -124,11 +134,19 @@ class RunServices:
             ddp_module=ddp_module, micro_steps=micro_steps,
         )
         self.resumed_from_step: int | None = None
+        self.samples_at_start = 0
+        """``samples_seen`` when this attempt started (after a resume: the checkpoint's)."""
         self.started = False
         self.stopped: str | None = None
         """The agreed stop reason, once a stop was decided."""
         self.decision = Decision()
         """The ranks' decision at the last step boundary (a loop a framework owns acts on it)."""
+        self.root_problem: str | None = None
+        """Why the checkpoint root can no longer be written (the lease was taken over, or
+        the store stayed unreachable), once this rank learned it."""
+        self.unsaved: str | None = None
+        """After :meth:`finish`: why the run's final state is not committed (None: it is)."""
+        self._unreachable_since: float | None = None  # time.time() the first failing save started
         self._opened = False
         self._closed = False
 
@@ -159,10 +177,13 @@ class RunServices:
         if self.started:
             return
         self.started = True
+        self.samples_at_start = state.samples_seen
         self.monitor.resumed_from_step = self.resumed_from_step
         if self.context.is_main:
             self.run_dir.create()
-            self.run_dir.write_text_atomic(self.run_dir.config_path, dump_config(self.config))
+            # Every field, but no secret in clear: submit.envs values and URLs' user-info are redacted.
+            resolved = redact_config(self.config.model_dump(mode="json"))
+            self.run_dir.write_text_atomic(self.run_dir.config_path, yaml.safe_dump(resolved, sort_keys=False))
         self.preemption.start()
         self.guards.start()
         self._start_exports()
@@ -181,7 +202,10 @@ class RunServices:
         if state.loss is not None:
             self.events.fire(Event.STEP_END, state)
         fault_point("step_end", step=state.step, rank=self.context.rank)
+        self._watch_lease()
         decision = self.decision = self.agreement.exchange()
+        if decision.stop_code == StopReason.ROOT_LOST:
+            self._stop_for_lost_root(state)
         if self.checkpointing is not None:
             if self.checkpointing.due(state, decision):
                 self.metrics.flush(state)  # metrics up to a checkpoint are on disk before it commits
@@ -240,25 +264,130 @@ class RunServices:
             return
         for record in self.checkpointing.finished_saves():
             self.metrics.write_event(record)
+            self._track_unreachable_root(record)
 
     def finish(self, state: TrainState, started_at: float,
                save_model: Callable[[], None] | None = None) -> tuple[float, float]:
         """The final save (unless stopped), ``run_end`` and diagnosis, FIT_END.
 
         Returns (training seconds since ``started_at``, a ``time.perf_counter()`` value,
-        up to the final save's commit; samples/s over them)."""
+        up to the final save's commit; this attempt's samples per second over them)."""
         self.agreement.flush()
         if self.checkpointing is not None:
             self.checkpointing.finish(state)
             self.record_saves()
+            self.unsaved = self._final_state_problem(state)
         train_time_s = time.perf_counter() - started_at
         self.events.fire(Event.CHECKPOINT, state)
         if save_model is not None and self.config.checkpoint.save_final_model and self.context.is_main:
-            save_model()
-        samples_per_s = round(state.samples_seen / train_time_s, 2) if train_time_s > 0 else 0.0
+            self._save_final_model(save_model)
+        # This attempt's samples over this attempt's time: after a resume, samples_seen also
+        # counts the earlier attempts' samples, which this attempt's clock did not see.
+        attempt_samples = state.samples_seen - self.samples_at_start
+        samples_per_s = round(attempt_samples / train_time_s, 2) if train_time_s > 0 else 0.0
         self.monitor.finish(state, train_time_s, samples_per_s)
         self.events.fire(Event.FIT_END, state)
         return train_time_s, samples_per_s
+
+    def raise_if_unsaved(self) -> None:
+        """After :meth:`finish`: a run whose final state is not committed does not report success."""
+        if self.unsaved is not None:
+            raise RunNotSavedError(self.unsaved)
+
+    def _watch_lease(self) -> None:
+        """Rank 0: a lease another job took over stops every rank at the next agreed step
+        boundary, before any save (a write that comes sooner is refused by the fenced store)."""
+        lease = self.checkpointing.lease if self.checkpointing is not None else None
+        if lease is None or self.root_problem is not None:
+            return
+        try:
+            lease.check()
+        except LeaseLostError as lost:
+            self._lose_root(str(lost))
+
+    def _track_unreachable_root(self, record: dict[str, Any]) -> None:
+        """Every rank, from the same save records: the root failing every save with transient
+        errors for longer than ``checkpoint.unreachable_limit_s`` stops the run."""
+        if record["committed"] and record.get("uploaded") is not False:
+            self._unreachable_since = None
+            return
+        error = record.get("upload_error") or record.get("error") or ""
+        # The save's error is text by then (it crossed ranks); a transient one survived its retries.
+        if StorageTransientError.__name__ not in error:
+            return
+        started = record["time"] - record["write_s"] - record["stall_s"]
+        if self._unreachable_since is None:
+            self._unreachable_since = started
+        down_s = record["time"] - self._unreachable_since
+        limit_s = self.config.checkpoint.unreachable_limit_s
+        if down_s >= limit_s and self.root_problem is None:
+            self._lose_root(
+                f"the checkpoint root {self.checkpointing.store.describe()} has been unreachable for {down_s:.0f} s, "
+                f"past checkpoint.unreachable_limit_s ({limit_s:g} s); last error: {error}"
+            )
+
+    def _lose_root(self, problem: str) -> None:
+        self.root_problem = problem
+        self.checkpointing.manager.cancel_in_flight()
+        self.agreement.request_stop(StopReason.ROOT_LOST)
+
+    def _stop_for_lost_root(self, state: TrainState) -> None:
+        """Every rank at the same boundary: stop without saving, and say why."""
+        if self.context.is_distributed:
+            self.agreement.flush()  # no rank is left in the exchange in flight
+        state.stop_requested = self.stopped = StopReason.NAMES[StopReason.ROOT_LOST]
+        self.record_saves()
+        lease = self.checkpointing.lease if self.checkpointing is not None else None
+        lost_lease = lease is not None and lease.lost is not None
+        if self.checkpointing is not None:
+            self.checkpointing.manager.cancel_in_flight()
+            if lease is not None:
+                lease.abandon()  # nothing more to the root: its release would write or wait on it
+        problem = self.root_problem or "another rank found the checkpoint root lost (rank 0's message says why)"
+        message = f"stopped at step {state.step}: {problem}; {self._newest_committed()}"
+        log.error("%s", message)
+        raise (LeaseLostError if lost_lease else RunNotSavedError)(message)
+
+    def _final_state_problem(self, state: TrainState) -> str | None:
+        """Why the state at the end of the run is not committed to the root, or None."""
+        if not self.config.checkpoint.save_at_end or state.stop_requested is not None:
+            return None  # nothing to commit, or a stop whose own exit code says so
+        if self.resumed_from_step == state.step and not self.checkpointing.manager.history:
+            return None  # resumed at the end: the checkpoint it resumed from is the final state
+        attempts = [result for result in self.checkpointing.manager.history if result.step == state.step]
+        final = attempts[-1] if attempts else None
+        if final is not None and final.committed and final.uploaded is not False:
+            return None
+        why = "it was never saved" if final is None else (final.upload_error or final.error or "unknown error")
+        return (f"the final state (step {state.step}) is not committed to {self.checkpointing.store.describe()}: "
+                f"{why}; {self._newest_committed()}")
+
+    def _save_final_model(self, save_model: Callable[[], None]) -> None:
+        from safetensors import SafetensorError
+
+        try:
+            save_model()
+        except (OSError, SafetensorError) as error:
+            path = self.run_dir.model_path
+            try:
+                path.unlink(missing_ok=True)  # a torn file must not pass for the model
+            except OSError:
+                pass
+            committed = f"; {self._newest_committed()}" if self.checkpointing is not None else ""
+            raise RunNotSavedError(
+                f"could not write the final model {path}: {type(error).__name__}: {error}; free space on that disk "
+                f"or set run_dir to a larger one{committed}"
+            ) from error
+
+    def _newest_committed(self) -> str:
+        """Which checkpoint a new start would resume from, in words."""
+        checkpointing = self.checkpointing
+        last = checkpointing.manager.last_committed if checkpointing is not None else None
+        step = last.step if last is not None else self.resumed_from_step
+        if step is None:
+            return "no checkpoint is committed: a new start begins from step 0"
+        return (f"the newest committed checkpoint is step {step} "
+                f"({checkpointing.store.describe(f'step-{step}')}): run the same command again to resume from it")
 
     def close_exports(self) -> None:
         """Send what the exporters still hold and close them (after the report, which some upload)."""

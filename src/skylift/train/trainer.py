@@ -124,11 +124,13 @@ class Trainer:
         seed_everything(self.config.seed, self.config.deterministic)
         self.services.open()  # the run lease: a second writer fails here, before any work
         try:
-            return self._fit()
+            summary = self._fit()
         finally:
             self.services.close()
             if self.runtime.sharding is not None:
                 self.runtime.sharding.release()  # the one-rank group of a one-process run, if it made one
+        self.services.raise_if_unsaved()  # the final checkpoint failed: not a success (summary.json says the rest)
+        return summary
 
     def _fit(self) -> RunSummary:
         parts = self._build()
@@ -145,10 +147,15 @@ class Trainer:
         final = parts.ema.module if parts.ema is not None else parts.model
         train_time_s, samples_per_s = self.runtime.finish(self.runtime.final_model_writer(final), started_at=started)
         summary = self._summarize(parts, state, train_time_s, resumed_from, samples_per_s)
+        earlier = self._summary_of_finished_run(summary) if state.step == resumed_from else None
         if self.runtime.dist.is_main:
             from skylift.monitor.report import write_run_report
 
-            self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
+            if earlier is None:
+                self.run_dir.write_json(self.run_dir.summary_path, summary.as_dict())
+            else:  # nothing trained now: the run's figures are the attempt's that finished it
+                log.info("the run had already finished at step %d; %s kept", state.step, self.run_dir.summary_path)
+                summary = earlier
             # Before the exporters close, which upload it with summary.json.
             self.report = write_run_report(self.config)
         return summary
@@ -344,6 +351,23 @@ class Trainer:
             stopped_early=state.stop_requested,
             resumed_from_step=resumed_from,
         )
+
+    def _summary_of_finished_run(self, summary: RunSummary) -> RunSummary | None:
+        """A run resumed at its last step trains nothing: its ``summary.json``, written when it
+        finished at that step, holds the validation metrics and throughput this attempt has
+        not measured (rank 0; None: no such file, or it is of another step)."""
+        import json
+
+        path = self.run_dir.summary_path
+        if not self.runtime.dist.is_main or not path.is_file():
+            return None
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(earlier, dict) or earlier.get("steps") != summary.steps or earlier.get("stopped_early"):
+            return None
+        return RunSummary(**{name: earlier.get(name, value) for name, value in summary.as_dict().items()})
 
     def _check_replicas(self, model: nn.Module) -> tuple[bool | None, float | None]:
         """Compare every rank's parameters with rank 0's (one broadcast at the end).

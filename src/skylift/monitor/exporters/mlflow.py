@@ -66,7 +66,11 @@ class MlflowExporter:
     def _log_params(self, run: RunInfo) -> None:
         from mlflow.entities import Param
 
-        params = [Param(key, value) for key, value in flat_params(run.config.model_dump(mode="json")).items()]
+        from skylift.cloud.redact import redact_config
+
+        # No secret in clear: submit.envs values and URLs' user-info are redacted.
+        resolved = redact_config(run.config.model_dump(mode="json"))
+        params = [Param(key, value) for key, value in flat_params(resolved).items()]
         for start in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[start:start + 100])
 

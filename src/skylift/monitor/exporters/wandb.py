@@ -35,10 +35,12 @@ class WandbExporter:
             os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         import wandb
 
+        from skylift.cloud.redact import redact_config
+
         self.run = wandb.init(
             project=self.settings.project, entity=self.settings.entity, mode=self.settings.mode,
             id=run.run_id, resume="allow", name=self._run_dir.name, dir=str(self._run_dir),
-            config=run.config.model_dump(mode="json"), reinit="create_new",
+            config=redact_config(run.config.model_dump(mode="json")), reinit="create_new",
         )
         # Records come in bursts of steps and sampler times: each family against its own axis.
         self.run.define_metric("trainer/step")

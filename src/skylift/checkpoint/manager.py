@@ -111,6 +111,8 @@ class CheckpointManager:
         self.history: list[SaveResult] = []
         self.timeline: Forks = FIRST_TIMELINE
         """The timeline every manifest records and retention keeps (the session sets it at resume)."""
+        self.run_config: dict[str, Any] | None = None
+        """The run's configuration every manifest records (see compatibility.py), or None."""
 
     @property
     def group(self) -> Any:
@@ -301,7 +303,7 @@ class CheckpointManager:
         files: dict[str, dict[str, Any]] = {}
         for report_entries, _ in reports:
             files.update(report_entries)
-        encoded = Manifest.create(step, self.world_size, files, layout, self.timeline).encode()
+        encoded = Manifest.create(step, self.world_size, files, layout, self.timeline, self.run_config).encode()
         written = False  # the manifest's write returned: committed, whatever fails after it
         try:
             store.write_bytes(f"{step_folder(step)}/{MANIFEST}", encoded)

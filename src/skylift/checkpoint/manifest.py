@@ -11,7 +11,7 @@ Layout under ``checkpoint.root``::
       trainer.json             rank 0: counters, LR schedule, GradScaler
       rng-rank<R>.safetensors  every rank: torch CPU/CUDA generator states
       rng-rank<R>.json         every rank: Python and NumPy generator states
-      manifest.json            written last: every file with size and sha256
+      manifest.json            written last: every file with size and sha256, the run's config
 
 A sharded model (FSDP2) is saved in the ``sharded`` layout instead (see sharded.py):
 ``model-rank<R>.safetensors`` and ``optimizer-rank<R>.safetensors`` from every rank,
@@ -79,6 +79,9 @@ class Manifest:
     timeline: tuple[tuple[str, int | None], ...] = FIRST_TIMELINE
     """The forks that led to this checkpoint, oldest first: (timeline id, the step of the
     previous timeline it started from; None for the first). See timeline.py."""
+    config: dict[str, Any] | None = None
+    """The configuration of the run that wrote it, secrets redacted (compatibility.py
+    compares it with a resuming run's); None in manifests written before it was recorded."""
 
     def encode(self) -> bytes:
         payload = {
@@ -90,6 +93,8 @@ class Manifest:
             "files": self.files,
             "timeline": [list(fork) for fork in self.timeline],
         }
+        if self.config is not None:
+            payload["config"] = self.config
         return json.dumps(payload, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -104,7 +109,10 @@ class Manifest:
                 raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
             step, world_size = int(payload["step"]), int(payload["world_size"])
             timeline = decode_timeline(payload.get("timeline"))
-            manifest = cls(step, world_size, files, float(payload["created_at"]), layout, timeline)
+            config = payload.get("config")  # manifests written before configs were recorded have none
+            if config is not None and not isinstance(config, dict):
+                raise ValueError(f"config is a {type(config).__name__}, not a mapping")
+            manifest = cls(step, world_size, files, float(payload["created_at"]), layout, timeline, config)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise CorruptCheckpointError(f"{where}: unreadable manifest ({error})") from None
         # Each name becomes a path or key under the checkpoint's folder, read from and,
@@ -118,9 +126,9 @@ class Manifest:
     @classmethod
     def create(
         cls, step: int, world_size: int, files: dict[str, dict[str, Any]], layout: str = "replicated",
-        timeline: tuple[tuple[str, int | None], ...] = FIRST_TIMELINE,
+        timeline: tuple[tuple[str, int | None], ...] = FIRST_TIMELINE, config: dict[str, Any] | None = None,
     ) -> Manifest:
-        return cls(step, world_size, dict(sorted(files.items())), time.time(), layout, timeline)
+        return cls(step, world_size, dict(sorted(files.items())), time.time(), layout, timeline, config)
 
 
 def decode_timeline(value: Any) -> tuple[tuple[str, int | None], ...]:

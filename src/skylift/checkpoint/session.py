@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from skylift.checkpoint import compatibility
 from skylift.checkpoint.lease import FencedStore, LeaseHeldError, RunLease
 from skylift.checkpoint.manager import CheckpointManager, SaveResult
 from skylift.checkpoint.manifest import CorruptCheckpointError, Manifest, step_folder
@@ -34,18 +35,23 @@ from skylift.checkpoint.state import (
 )
 from skylift.checkpoint.tiers import LocalTier, read_with_fallback
 from skylift.config.schema import CheckpointConfig
-from skylift.errors import SkyliftConfigError
+from skylift.errors import SkyliftConfigError, SkyliftError
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
-from skylift.storage import Store, open_store
+from skylift.storage import StorageError, Store, open_store
 from skylift.storage.local import LocalStore
 
-__all__ = ["Checkpointing", "TrainingObjects"]
+__all__ = ["CheckpointLoadError", "Checkpointing", "TrainingObjects"]
 
 log = logging.getLogger("skylift")
 _SAFETY_FACTOR = 1.5
 """An emergency save starts only if 1.5x the last measured save time fits the window."""
+
+
+class CheckpointLoadError(SkyliftError):
+    """No checkpoint the resume may take loads into this run, though their files verify:
+    they are kept, and the run does not start over."""
 
 
 @dataclass
@@ -71,8 +77,14 @@ class Checkpointing:
         context: DistributedContext,
         agreement: StepAgreement,
         control_group: Any = None,
+        run_config: Any = None,
+        precision: str | None = None,
     ) -> None:
+        """``run_config`` (a RunConfig) and ``precision`` (as resolved): recorded in every
+        manifest and compared with a checkpoint's before it loads (compatibility.py); None:
+        neither."""
         self.config = config
+        self.run_config, self.precision = run_config, precision
         self.context = context
         self.agreement = agreement
         self._control_group = control_group
@@ -90,6 +102,10 @@ class Checkpointing:
             on_commit_failure=self._on_save_failure,
             tier=self.tier,
         )
+        if run_config is not None:
+            self.manager.run_config = compatibility.recorded_config(run_config, precision or run_config.precision)
+        self._changed: list[str] = []  # changeable fields of the checkpoint restored that this run changes
+        self._changes_line: str | None = None
         self.objects: TrainingObjects | None = None
         self._buffers: dict[str, Any] = {}  # host copies reused between saves
         self._recorded = 0
@@ -124,11 +140,14 @@ class Checkpointing:
             # forward and backward run; only the optimizer step must wait for it.
             objects.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._sharded = is_sharded(objects.model)
+        built = compatibility.OptimizerSettings(objects.optimizer, objects.scheduler)  # before a load replaces them
         restored = self._select_and_restore(objects)
         self.manager.timeline = self.selection.continue_timeline(restored[3] if restored is not None else None)
         if restored is None:
             return None
         step, contents, counters, _ = restored
+        if self._changed:
+            built.put_back(self._changed, objects.optimizer, objects.scheduler)
         self._restore_rng(contents, step)
         state.step, state.epoch, state.samples_seen = counters["step"], counters["epoch"], counters["samples_seen"]
         if objects.loader is not None and "loader" in counters:
@@ -137,6 +156,8 @@ class Checkpointing:
             restore_extra(contents, objects.extra)
         self._last_saved_step = step
         log.info("resumed from %s%s", self.store.describe(f"step-{step}"), self.selection.resumed_from)
+        if self._changes_line and self.context.is_main:
+            log.info("%s", self._changes_line)
         return step
 
     def _select_and_restore(
@@ -145,18 +166,70 @@ class Checkpointing:
         """The checkpoint ``checkpoint.resume`` selects, loaded into ``objects``: (its step,
         this rank's files of it, its counters, its manifest), or None for a fresh start.
 
-        A sharded checkpoint's shards are read (and verified) during the load, which DCP
-        runs collectively: one that fails on any rank fails on every rank, and ``auto``
-        goes on to the next older checkpoint (the load overwrites every tensor again).
+        Before anything loads, the checkpoint's recorded config is compared with this
+        run's: a change its state cannot take stops the resume on every rank (exit 2), and
+        is never a reason to try an older checkpoint.
+
+        A checkpoint that fails during the load fails on every rank alike, as the ranks
+        agree: a sharded one's shard that fails its hash (DCP reads the shards during the
+        load), or files that verify but do not load (a header that does not parse, a
+        state dict that does not fit). ``auto`` goes on to the next older checkpoint (the
+        load overwrites every tensor again). If none loads and some verified, the resume
+        stops: the likely cause is this run's model, not every checkpoint, so none is
+        passed over for step 0.
         """
+        unloadable: list[str] = []
         for step, manifest, contents in self.selection.checkpoints():
+            where = self.store.describe(step_folder(step))
+            self._judge_config(manifest, where)
+            failure, corrupt = None, False
             try:
-                return step, contents, self._restore(objects, manifest, contents), manifest
-            except CorruptCheckpointError as problem:
-                if manifest.layout != SHARDED or self.config.resume != "auto":
-                    raise
-                log.warning("skipping checkpoint %s: %s", self.store.describe(step_folder(step)), problem)
+                counters = self._restore(objects, manifest, contents)
+            except (SkyliftConfigError, StorageError):
+                raise  # a refusal, or a store that could not be read: never a reason to go back
+            except CorruptCheckpointError as error:  # a shard read during a sharded load
+                failure, corrupt = str(error), True
+            except Exception as error:  # verified bytes that do not load
+                failure = _first_lines(error)
+            reports = [report for report in self._gather_all((failure, corrupt)) if report[0]]
+            if not reports:
+                return step, contents, counters, manifest
+            problem, corrupt = reports[0]
+            if self.config.resume != "auto":
+                if corrupt:
+                    raise CorruptCheckpointError(problem)
+                raise CheckpointLoadError(f"cannot resume {where}: its files verify but it does not load into this "
+                                          f"run ({problem}); no other checkpoint is tried for an explicit step")
+            if corrupt:
+                log.warning("skipping checkpoint %s: %s", where, problem)
+                continue
+            log.warning("skipping checkpoint %s: it verifies but does not load into this run (%s)", where, problem)
+            unloadable.append(f"{step_folder(step)}: {problem}")
+        if unloadable:
+            raise CheckpointLoadError(
+                f"cannot resume: no checkpoint under {self.store.url} loads into this run ({'; '.join(unloadable)}); "
+                "they are kept and the run did not start over: resume with the settings that wrote them, or train "
+                "from step 0 in a new checkpoint.root")
         return None
+
+    def _judge_config(self, manifest: Manifest, where: str) -> None:
+        """Compare the checkpoint's recorded config with this run's (rank 0 decides for
+        every rank): refuse, or note the changes it takes (:attr:`_changed`)."""
+        if self.run_config is None:
+            return
+        verdict = None
+        if self.context.is_main:
+            if manifest.config is None:
+                verdict = (None, [], f"{where} records no config (written by an earlier skylift): this run's "
+                                     "settings are not compared with its")
+            else:
+                differences = compatibility.compare(manifest.config, self.run_config,
+                                                    self.precision or self.run_config.precision)
+                verdict = (compatibility.refusal(differences, where), [item.field for item in differences],
+                           compatibility.summary(differences, manifest.step))
+        refused, self._changed, self._changes_line = self._broadcast(verdict)
+        if refused is not None:
+            raise SkyliftConfigError(refused[0], hint=refused[1])
 
     def _restore(self, objects: TrainingObjects, manifest: Manifest, contents: dict[str, bytes]) -> dict[str, Any]:
         """Load one checkpoint (either layout) into ``objects``; return its counters."""
@@ -388,3 +461,10 @@ class Checkpointing:
         holder = [value]
         dist.broadcast_object_list(holder, src=0, group=self._control_group)
         return holder[0]
+
+
+def _first_lines(error: BaseException) -> str:
+    """The error on one line: its type and first two lines (a state dict's mismatches run on)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = " ".join(lines[:2])
+    return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 or len(lines) > 2 else ''}"

@@ -118,7 +118,8 @@ class RunServices:
             from skylift.checkpoint.session import Checkpointing
 
             self.checkpointing = Checkpointing(config.checkpoint, run_dir=config.run_dir, context=context,
-                                               agreement=self.agreement, control_group=control_group)
+                                               agreement=self.agreement, control_group=control_group,
+                                               run_config=config, precision=precision)
         self.guards = GuardWatch(
             config.monitor.guards, request_stop=lambda: self.agreement.request_stop(StopReason.GUARD),
             write_record=self.metrics.write_event if context.is_main else None, run_dir=self.run_dir.root,

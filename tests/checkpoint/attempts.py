@@ -97,9 +97,9 @@ def corrupt(store, step: int) -> None:
 
 
 @contextmanager
-def iam_denied(moto_server, bucket: str, monkeypatch, action: str, keys: str) -> Iterator[None]:
+def iam_denied(moto_server, bucket: str, monkeypatch, action: str, keys: str | list[str]) -> Iterator[None]:
     """Credentials of an IAM user that may do anything but ``action`` (``s3:GetObject``,
-    ``s3:PutObject``) on ``keys`` (a pattern under ``bucket``), with moto enforcing IAM."""
+    ``s3:PutObject``) on ``keys`` (patterns under ``bucket``), with moto enforcing IAM."""
     import boto3
     import requests
 
@@ -108,7 +108,8 @@ def iam_denied(moto_server, bucket: str, monkeypatch, action: str, keys: str) ->
     iam.create_user(UserName=user)
     policy = {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
-        {"Effect": "Deny", "Action": action, "Resource": f"arn:aws:s3:::{bucket}/{keys}"},
+        {"Effect": "Deny", "Action": action,
+         "Resource": [f"arn:aws:s3:::{bucket}/{key}" for key in ([keys] if isinstance(keys, str) else keys)]},
     ]}  # fmt: skip
     iam.put_user_policy(UserName=user, PolicyName="denied", PolicyDocument=json.dumps(policy))
     key = iam.create_access_key(UserName=user)["AccessKey"]

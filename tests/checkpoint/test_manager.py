@@ -114,6 +114,20 @@ def test_uncommitted_folders_are_invisible_and_cleaned(store, model):
     assert not store.list("step-9")
 
 
+def test_a_folder_holding_only_temporaries_is_cleaned(tmp_path, model):
+    """A writer killed during a step folder's first file leaves only its hidden temporary,
+    which ``list`` never shows: the start-up cleanup must still remove the folder."""
+    store = open_store(str(tmp_path / "root"))
+    manager = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
+    manager.save(_capture(model, 1), 1)
+    (tmp_path / "root" / "step-9").mkdir()
+    (tmp_path / "root" / "step-9" / ".skylift-tmp-model.safetensors.0123abcd").write_bytes(b"half")
+    (tmp_path / "root" / "step-10" / "shards").mkdir(parents=True)
+    (tmp_path / "root" / "step-10" / "shards" / ".skylift-tmp-0.distcp.4567").write_bytes(b"half")
+    assert manager.remove_uncommitted() == [9, 10]
+    assert sorted(path.name for path in (tmp_path / "root").iterdir()) == ["LATEST", "step-1"]
+
+
 @pytest.mark.parametrize("damage", ["flip_byte", "truncate", "delete_file", "manifest_garbage", "manifest_missing_entry"])
 def test_corrupt_newest_is_skipped_with_a_warning_naming_it(store, model, damage, caplog):
     manager = CheckpointManager(store, rank=0, world_size=1, keep=3, async_save=False)
@@ -221,3 +235,15 @@ def test_cancel_stops_a_large_file_within_a_piece(store):
     assert sum(pieces) < 32 * 2**20, "the rest of the tensor was handed to the store after the cancel"
     assert committed_steps(store) == []
     assert not any(key.startswith("step-1/") for key in store.list())
+
+
+def test_a_run_start_cleans_a_folder_holding_only_temporaries(tmp_path):
+    """The same through a run's start (the session's store is fenced by the lease)."""
+    from tests.checkpoint.attempts import run_attempt
+
+    root = tmp_path / "root"
+    run_attempt(str(root), 4)
+    (root / "step-6").mkdir()
+    (root / "step-6" / ".skylift-tmp-model.safetensors.0123abcd").write_bytes(b"half")
+    assert run_attempt(str(root)) == 4
+    assert not (root / "step-6").exists()

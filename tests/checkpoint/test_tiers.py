@@ -296,3 +296,17 @@ def test_replicated_files_that_differ_from_rank_0s_leave_the_local_copy(tmp_path
     assert dropped == ["model.safetensors"]
     assert not tier.store.exists("step-7/model.safetensors") and tier.store.exists("step-7/trainer.json")
     assert "model.safetensors differ from rank 0's" in caplog.text
+
+
+def test_local_folders_holding_only_temporaries_are_cleaned(tmp_path):
+    """A node killed during a local step folder's first file leaves only a hidden temporary
+    there: the node leader's start-up cleanup removes that folder too."""
+    from skylift.checkpoint.tiers import LocalTier
+
+    tier = LocalTier(str(tmp_path / "disk"), open_store(str(tmp_path / "root")), node_leader=True)
+    tier.store.write_bytes("step-5/manifest.json", b"{}")
+    tier.store.write_bytes("step-6/model.safetensors", b"half-written")
+    (tier.store.root / "step-7").mkdir()
+    (tier.store.root / "step-7" / ".skylift-tmp-model.safetensors.89ab").write_bytes(b"half")
+    tier.remove_uncommitted()
+    assert sorted(path.name for path in tier.store.root.iterdir()) == ["step-5"]

@@ -1,5 +1,6 @@
 """Bad input to ``skylift run`` stops with exit 2 and one message naming the field, never a
-traceback, and ``--dry-run`` refuses exactly what the run refuses (issue 41, items 9 and 10).
+traceback, and ``--dry-run`` and ``skylift check`` refuse exactly what the run refuses
+(issue 41, items 9 and 10).
 
 Each case runs twice through the CLI's ``main`` (``cli_here``: the real entry point, in this
 process, so the table stays in the fast lane), once with ``--dry-run`` and once without; the
@@ -45,6 +46,8 @@ class Case:
     config: bytes | str | None = None
     """The config file's content (default: BASE); ``"<dir>"``: a folder; ``"/dev/null"``."""
     marks: tuple = field(default=())
+    this_machine: bool = False
+    """A refusal about this machine's devices: ``run`` and ``--dry-run`` make it, not ``check``."""
 
 
 CASES = [
@@ -68,7 +71,8 @@ CASES = [
     Case("grace negative", "--grace-s", ("--grace-s", "-5")),
     Case("lr infinite", "optim.lr", ("--set", "optim.lr=.inf")),
     Case("nccl on the CPU", "distributed.backend", ("--nproc", "2", "--set", "distributed.backend=nccl"),
-         marks=(pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL works on this machine"),)),
+         marks=(pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL works on this machine"),),
+         this_machine=True),
 ]
 
 
@@ -90,12 +94,12 @@ def _arguments(case: Case, tmp_path: Path) -> list[str]:
     return ["run", config, "--no-doctor", *(arg.format(tmp=tmp_path) for arg in case.args)]
 
 
-def _assert_one_clear_error(result, case: Case) -> list[str]:
+def _assert_one_clear_error(result, case: Case, command: str = "run") -> list[str]:
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output[-3000:]
     assert result.returncode == 2, output[-3000:]
     lines = result.stderr.strip().splitlines()
-    assert lines[0].startswith("skylift run: "), lines
+    assert lines[0].startswith(f"skylift {command}: "), lines
     problems = [line for line in lines if line.startswith("  - ")]
     assert len(problems) == 1, lines  # one problem, named once: not a dump
     assert case.names in problems[0], lines
@@ -117,6 +121,27 @@ def test_bad_input_is_one_clear_error_and_the_dry_run_agrees(case, cli_here, tmp
     real = _assert_one_clear_error(cli_here(*arguments), case)
     assert dry == real
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
+
+
+@pytest.mark.usefixtures("no_endpoint_environment")
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.name, marks=case.marks) for case in CASES
+                                  if not case.this_machine])
+def test_skylift_check_refuses_what_the_run_refuses(case, cli_here, tmp_path):
+    """``skylift check CONFIG`` (with the run's flags) runs the checks the run makes before
+    its first worker: a config it passes does not then fail at ``skylift run``."""
+    arguments = [argument for argument in _arguments(case, tmp_path) if argument != "--no-doctor"]
+    checked = _assert_one_clear_error(cli_here("check", *arguments[1:]), case, "check")
+    dry = _assert_one_clear_error(cli_here(*arguments, "--no-doctor", "--dry-run"), case)
+    assert [line.removeprefix("skylift check: ") for line in checked] == [
+        line.removeprefix("skylift run: ") for line in dry]
+
+
+def test_skylift_check_passes_a_config_the_run_takes(cli_here, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(BASE.format(run_dir=tmp_path / "run"))
+    result = cli_here("check", str(path), "--nproc", "2", "--set", f"checkpoint.root={tmp_path}/checkpoints")
+    assert result.returncode == 0, result.stderr
+    assert "checkpoint" in result.stdout and not (tmp_path / "checkpoints").exists()
 
 
 @pytest.mark.slow

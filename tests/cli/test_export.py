@@ -132,3 +132,21 @@ def test_export_refusals_name_the_problem(cli_here, trained, tmp_path):
     (images / "config.yaml").write_text("recipe: {name: image_classification}\n")
     result = cli_here("export", str(images), "--to", "hf", str(tmp_path / "out"))
     assert result.returncode == 2 and "image_classification" in result.stderr and "does not export" in result.stderr
+
+
+def test_a_checkpoint_that_cannot_be_read_stops_the_export_in_one_line(cli_here, trained, tmp_path):
+    """Step 6's weights cannot be read (a folder where the file should be: the local
+    store's permanent error, as a 403 is S3's): exporting step 4 instead would quietly
+    give older weights, so the export stops, naming the file."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    (run_dir / "summary.json").unlink()
+    weights = run_dir / "checkpoints" / "step-6" / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()
+    result = cli_here("export", str(run_dir), "--to", "hf", str(tmp_path / "hf"))
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("skylift export: cannot export: "), result.stderr
+    assert "step-6 could not be read" in lines[0] and "step-6/model.safetensors" in lines[0]
+    assert not (tmp_path / "hf").exists()

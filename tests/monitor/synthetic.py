@@ -95,3 +95,12 @@ def write_run(run_dir: Path, records: list[dict[str, Any]] | None = None) -> Pat
     lines = "".join(json.dumps(r) + "\n" for r in (records if records is not None else synthetic_records()))
     (run_dir / "metrics.jsonl").write_text(lines)
     return run_dir
+
+
+def noop_rerun_records() -> list[dict[str, Any]]:
+    """:func:`synthetic_records`, then the same command run again after the run finished:
+    it resumes at the last step, trains nothing, and its ``run_end`` says 0 samples/s."""
+    end_s = synthetic_records()[-1]["time"]
+    rerun = {**_run_start(end_s + 600, 3, TOTAL_STEPS), "time": end_s + 600}
+    return [*synthetic_records(), rerun, {"kind": "run_end", "time": end_s + 601, "step": TOTAL_STEPS,
+                                          "samples_per_s": 0.0, "train_time_s": 0.0, "stopped_early": None}]

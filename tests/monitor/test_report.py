@@ -255,3 +255,30 @@ def test_files_without_run_start_split_where_the_step_goes_back_or_after_a_preem
     attempts = split_attempts(after_preemption)
     assert [a.outcome for a in attempts] == ["preempted", "running or killed"]
     assert attempts[1].resumed_from_step == 2
+
+
+def test_throughput_after_a_no_op_rerun_is_the_last_attempt_that_trained(tmp_path):
+    """A finished run started again trains nothing and writes 0 samples/s in its run_end:
+    the report shows the throughput of the attempt that trained (attempt 2's 130), says so,
+    and does not claim the run ran at 0 samples/s."""
+    from skylift.monitor.attempts import run_figures
+    from tests.monitor.synthetic import noop_rerun_records
+
+    records = noop_rerun_records()
+    for record in records:
+        validate_record(record)
+    figures = run_figures(split_attempts(records))
+    assert (figures.attempts, figures.samples_per_s, figures.samples_per_s_attempt) == (3, 130.0, 2)
+    assert figures.outcome == "finished"
+    run_dir = write_run(tmp_path / "run", records)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["report", str(run_dir)]) == 0
+    page = (run_dir / "report" / "index.html").read_text()
+    assert "<td>throughput</td><td>130 samples/s (attempt 2, the last that trained)</td>" in page
+
+
+def test_throughput_of_a_run_whose_last_attempt_trained_is_not_marked():
+    from skylift.monitor.attempts import run_figures
+
+    figures = run_figures(split_attempts(synthetic_records()))
+    assert (figures.samples_per_s, figures.samples_per_s_attempt) == (130.0, None)

@@ -3,7 +3,11 @@
 Either layout: a replicated checkpoint's ``model.safetensors`` (one process, DDP) or a
 sharded one's chunks (FSDP2, any number of ranks), assembled by DCP's planner. Every
 file read is checked against the manifest first; nothing is unpickled; the optimizer
-state is never read. This is what ``skylift export`` builds on::
+state is never read. "The newest" is the one auto-resume would take: the newest of the
+current timeline (a rollback's abandoned steps are never exported), skipping only those
+proven incomplete or corrupt; one that cannot be read (access denied, an endpoint that
+stopped answering) stops the export naming the cause. This is what ``skylift export``
+builds on::
 
     from skylift.checkpoint.consolidate import full_model_state
 
@@ -23,7 +27,6 @@ from safetensors.torch import load as load_tensors
 from skylift.checkpoint.manifest import (
     CorruptCheckpointError,
     Manifest,
-    committed_steps,
     read_manifest,
     read_verified,
     step_folder,
@@ -31,21 +34,23 @@ from skylift.checkpoint.manifest import (
 )
 from skylift.checkpoint.sharded import decode_metadata, load_full
 from skylift.checkpoint.state import DCP_METADATA_FILE, MODEL_FILE, SHARDED
+from skylift.checkpoint.timeline import resumable_steps
 from skylift.storage import StorageError, Store, open_store
+from skylift.storage.names import UnsafeNameError
 
-__all__ = ["full_model_state"]
+__all__ = ["full_model_state", "newest_resumable_step"]
 
 log = logging.getLogger("skylift")
 
 
 def full_model_state(
-    root: str, *, step: int | None = None, endpoint_url: str | None = None
+    root: str | Store, *, step: int | None = None, endpoint_url: str | None = None
 ) -> tuple[int, dict[str, torch.Tensor]]:
     """The newest complete checkpoint's step and its model's full state dict.
 
     Args:
         root: the checkpoint root, ``checkpoint.root`` (by default ``RUN_DIR/checkpoints``):
-            a folder or an ``s3://``, ``oss://``, ``cos://`` URL.
+            a folder or an ``s3://``, ``oss://``, ``cos://`` URL (or a store opened on one).
         step: this committed step instead of the newest; no fallback if it does not verify.
         endpoint_url: the object store's endpoint, as ``checkpoint.endpoint_url``.
 
@@ -55,18 +60,53 @@ def full_model_state(
         the saved dtype, unsharded.
 
     Raises:
-        CorruptCheckpointError: no committed checkpoint verifies (newest first: a torn or
-            corrupt one is skipped with a warning naming it), or ``step`` does not.
+        CorruptCheckpointError: no committed checkpoint of the current timeline verifies
+            (newest first: a torn or corrupt one is skipped with a warning naming it), or
+            ``step`` does not.
+        StorageError: a checkpoint could not be read (the class says whether retrying may
+            help): no older one is taken instead.
+        TimelineError: the root's ``TIMELINE.json`` does not read.
     """
-    store = open_store(root, endpoint_url=endpoint_url)
+    store = root if isinstance(root, Store) else open_store(root, endpoint_url=endpoint_url)
     if step is not None:
         return step, _model_state(store, read_manifest(store, step))
-    for candidate in reversed(committed_steps(store)):
+    for candidate in reversed(_candidates(store)):
         try:
             return candidate, _model_state(store, read_manifest(store, candidate))
-        except (CorruptCheckpointError, StorageError) as problem:
+        except (CorruptCheckpointError, UnsafeNameError) as problem:  # proven bad: the next older one
             log.warning("skipping checkpoint %s: %s", store.describe(step_folder(candidate)), problem)
+        except StorageError as error:
+            raise _stopped_by(store.describe(step_folder(candidate)), error) from error
     raise CorruptCheckpointError(f"{store.url} holds no complete checkpoint (none committed, or none verifies)")
+
+
+def newest_resumable_step(store: Store) -> int | None:
+    """The newest committed step of the current timeline (listed, not yet verified), or None.
+
+    Raises:
+        StorageError, TimelineError: as :func:`full_model_state`.
+    """
+    steps = _candidates(store)
+    return steps[-1] if steps else None
+
+
+def _candidates(store: Store) -> list[int]:
+    try:
+        return resumable_steps(store)
+    except StorageError as error:
+        raise _stopped_by(f"the checkpoints under {store.url}", error) from error
+
+
+def _stopped_by(what: str, error: StorageError) -> StorageError:
+    """The error that stops an export, of ``error``'s class (permanent or transient)."""
+    message = (
+        f"cannot export: {what} could not be read, so no older checkpoint was taken instead (only a checkpoint "
+        f"proven incomplete or corrupt is skipped): {error}. Fix the access to checkpoint.root and run again"
+    )
+    try:
+        return type(error)(message)
+    except TypeError:  # an error class with arguments of its own
+        return StorageError(message)
 
 
 def _model_state(store: Store, manifest: Manifest) -> dict[str, torch.Tensor]:

@@ -307,6 +307,9 @@ class FencedStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 
+    def temporary_keys(self, prefix: str = "") -> list[str]:
+        return self.inner.temporary_keys(prefix)
+
     def describe(self, key: str = "") -> str:
         return self.inner.describe(key)
 

@@ -34,7 +34,7 @@ from skylift.checkpoint.manifest import (
     Manifest,
     hashing,
     step_folder,
-    step_folders,
+    uncommitted_steps,
 )
 from skylift.checkpoint.state import Snapshot
 from skylift.checkpoint.tiers import LocalTier
@@ -131,7 +131,7 @@ class CheckpointManager:
 
     def remove_uncommitted(self) -> list[int]:
         """Delete ``step-N/`` folders without a manifest (rank 0, at start, under the lease)."""
-        abandoned = [step for step, names in step_folders(self.store).items() if MANIFEST not in names]
+        abandoned = uncommitted_steps(self.store)
         for step in abandoned:
             log.warning("removing abandoned partial checkpoint %s", self.store.describe(step_folder(step)))
             self.store.delete_prefix(step_folder(step))

@@ -50,6 +50,7 @@ __all__ = [
     "read_verified",
     "step_folder",
     "step_folders",
+    "uncommitted_steps",
     "verified_file",
 ]
 
@@ -178,6 +179,19 @@ def step_folders(store: Store) -> dict[int, set[str]]:
         if match and name:
             folders.setdefault(int(match.group(1)), set()).add(name)
     return folders
+
+
+def uncommitted_steps(store: Store) -> list[int]:
+    """Steps whose folder holds no manifest, sorted: written by a save that never committed
+    (at start, with no writer running, they are what killed writers left). Includes a
+    folder holding only temporary files (a writer killed during its first file), which
+    :func:`step_folders` cannot see."""
+    folders = step_folders(store)
+    for key in store.temporary_keys():
+        match = _STEP_PATTERN.match(key.partition("/")[0])
+        if match and "/" in key:
+            folders.setdefault(int(match.group(1)), set())
+    return sorted(step for step, names in folders.items() if MANIFEST not in names)
 
 
 def committed_steps(store: Store) -> list[int]:

@@ -28,7 +28,7 @@ from skylift.checkpoint.manifest import (
     hashing,
     read_manifest,
     step_folder,
-    step_folders,
+    uncommitted_steps,
     verified_file,
 )
 from skylift.errors import SkyliftConfigError
@@ -112,10 +112,9 @@ class LocalTier:
 
     def remove_uncommitted(self) -> None:
         """Delete local ``step-N/`` folders without a manifest (node leaders, at start)."""
-        for step, names in step_folders(self.store).items():
-            if MANIFEST not in names:
-                log.warning("removing abandoned partial checkpoint %s", self.store.describe(step_folder(step)))
-                self.store.delete_prefix(step_folder(step))
+        for step in uncommitted_steps(self.store):
+            log.warning("removing abandoned partial checkpoint %s", self.store.describe(step_folder(step)))
+            self.store.delete_prefix(step_folder(step))
 
     def committed_steps(self) -> list[int]:
         return committed_steps(self.store)

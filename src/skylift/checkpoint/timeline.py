@@ -52,6 +52,7 @@ __all__ = [
     "on_timeline",
     "read_recorded",
     "record",
+    "resumable_steps",
     "retain",
 ]
 
@@ -103,6 +104,20 @@ def on_timeline(step: int, forks: Forks, current: Forks) -> bool:
     if own not in identities:
         return False
     return all(step <= start for _, start in current[identities.index(own) + 1:])  # type: ignore[operator]
+
+
+def resumable_steps(store: Store) -> list[int]:
+    """The committed steps auto-resume (or an export of "the newest") may take, oldest
+    first: those of the current timeline, and those whose manifest is corrupt (the reader
+    skips them, naming them). Resuming itself surveys every node's copies (selection.py).
+
+    Raises:
+        StorageError: as :func:`listed` and :func:`read_recorded`.
+        TimelineError: as :func:`read_recorded`.
+    """
+    checkpoints = listed(store)
+    current = current_timeline(read_recorded(store), checkpoints)
+    return [item.step for item in checkpoints if item.forks is None or on_timeline(item.step, item.forks, current)]
 
 
 def current_timeline(recorded: Forks | None, checkpoints: Iterable[Listed]) -> Forks:

@@ -28,13 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.checkpoint.manifest import CorruptCheckpointError
+    from skylift.checkpoint.timeline import TimelineError
     from skylift.errors import EXIT_FAILURE
     from skylift.recipes.export import export_run
+    from skylift.storage import StorageError
 
     try:
         result = export_run(Path(args.run_dir), Path(args.out_dir), source=args.source, dtype=args.dtype,
                             overrides=tuple(args.overrides), force=args.force)  # fmt: skip
-    except CorruptCheckpointError as error:
+    except (CorruptCheckpointError, StorageError, TimelineError) as error:  # each names its cause and fix
         print(f"skylift export: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if args.json:

@@ -127,6 +127,10 @@ class RunFigures:
     total_steps: int | None = None
     samples_seen: int | None = None
     samples_per_s: float | None = None
+    samples_per_s_attempt: int | None = None
+    """Set when ``samples_per_s`` is an earlier attempt's because every later one ended
+    having trained nothing (a finished run started again resumes at its last step and
+    writes 0 samples/s)."""
     mfu: float | None = None
     loss: float | None = None
     eval: dict[str, float] = field(default_factory=dict)
@@ -165,8 +169,15 @@ def run_figures(attempts: list[Attempt], summary: dict[str, Any] | None = None) 
     else:
         figures.device = f"{summary['world_size']} × {summary['device']}" if "device" in summary else None
         figures.precision = summary.get("precision")
+    trained = _last_trained_end(attempts)
     end = _last(records, "run_end")
-    if end is not None:
+    if trained is not None:
+        figures.samples_per_s = trained[1]["samples_per_s"]
+        later = attempts[trained[0] + 1:]
+        # Named only when every later attempt ended having trained nothing (not one killed mid-way).
+        if later and all(attempt.last("run_end") is not None for attempt in later):
+            figures.samples_per_s_attempt = attempts[trained[0]].number
+    elif end is not None:
         figures.samples_per_s = end.get("samples_per_s", figures.samples_per_s)
     elif attempts and attempts[-1].outcome != "running or killed" and summary.get("samples_per_s"):
         figures.samples_per_s = summary["samples_per_s"]
@@ -196,6 +207,16 @@ def _train_figures(figures: RunFigures, records: list[dict[str, Any]]) -> None:
     figures.loss = train.get("loss")
     figures.mfu = next((r["mfu"] for r in reversed(records) if r.get("kind") == "train" and r.get("mfu") is not None),
                        None)
+
+
+def _last_trained_end(attempts: list[Attempt]) -> tuple[int, dict[str, Any]] | None:
+    """(index, run_end record) of the last attempt that ended having trained (its
+    samples/s above 0), or None."""
+    for index in reversed(range(len(attempts))):
+        end = attempts[index].last("run_end")
+        if end is not None and isinstance(end.get("samples_per_s"), (int, float)) and end["samples_per_s"] > 0:
+            return index, end
+    return None
 
 
 def _last(records: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:

@@ -258,7 +258,9 @@ def _summary_html(figures: RunFigures, flops: FlopFigures | None = None) -> str:
     if figures.samples_seen is not None:
         rows.append(("samples seen", f"{figures.samples_seen:,}"))
     if figures.samples_per_s is not None:
-        rows.append(("throughput", f"{figures.samples_per_s:,.0f} samples/s"))
+        which = ("" if figures.samples_per_s_attempt is None
+                 else f" (attempt {figures.samples_per_s_attempt}, the last that trained)")
+        rows.append(("throughput", f"{figures.samples_per_s:,.0f} samples/s{which}"))
     if flops is not None:
         rows += flops.rows()
     elif figures.mfu is not None:

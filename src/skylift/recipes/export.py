@@ -24,8 +24,7 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file
 
-from skylift.checkpoint.consolidate import full_model_state
-from skylift.checkpoint.manifest import committed_steps
+from skylift.checkpoint.consolidate import full_model_state, newest_resumable_step
 from skylift.config.load import load_config
 from skylift.errors import SkyliftConfigError
 from skylift.recipes import build_recipe, recipe_class
@@ -68,6 +67,7 @@ def export_run(run_dir: Path, out_dir: Path, *, source: Source = "auto", dtype: 
         SkyliftConfigError: ``run_dir`` is not a run folder, its recipe cannot export,
             ``out_dir`` exists (without ``force``), or it holds no weights to export.
         CorruptCheckpointError: ``source="checkpoint"`` and no checkpoint verifies.
+        StorageError: a checkpoint could not be read (no older one is taken instead).
     """
     config = _run_config(run_dir, overrides)
     if recipe_class(config).export_pretrained is Recipe.export_pretrained:
@@ -111,8 +111,8 @@ def _refuse_existing(out_dir: Path, force: bool) -> None:
 def _weights(run_dir: Path, config: Any, source: Source) -> tuple[str, int | None, str, dict[str, torch.Tensor]]:
     """(source, step, reason, state dict) of the weights to export."""
     root, endpoint_url = config.checkpoint.root or str(run_dir / "checkpoints"), config.checkpoint.endpoint_url
-    steps = committed_steps(open_store(root, endpoint_url=endpoint_url))  # listed only; read verifies
-    newest = steps[-1] if steps else None
+    # Of the current timeline (a rollback's abandoned steps are not the newest); listed only, the read verifies.
+    newest = newest_resumable_step(open_store(root, endpoint_url=endpoint_url))
     final_path, final_step = run_dir / "model.safetensors", _summary_step(run_dir)
     final_is_newest = final_path.is_file() and final_step is not None and (newest is None or final_step >= newest)
     if source == "final" or (source == "auto" and final_is_newest):

@@ -63,6 +63,12 @@ class Store(abc.ABC):
     def delete(self, keys: Iterable[str]) -> None:
         """Delete the keys; missing ones are ignored."""
 
+    def temporary_keys(self, prefix: str = "") -> list[str]:
+        """The temporary files killed writers left under ``prefix``, sorted: :meth:`list`
+        never shows them, so start-up cleanups look here for folders holding only them.
+        Stores that write without temporaries (an object store's uploads) have none."""
+        return []
+
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key under ``prefix``."""
         self.delete(self.list(prefix))

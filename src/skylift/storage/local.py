@@ -94,13 +94,20 @@ class LocalStore(Store):
             raise self._translate(error, key) from error
 
     def list(self, prefix: str = "") -> list[str]:
+        return self._walk(prefix, temporaries=False)
+
+    def temporary_keys(self, prefix: str = "") -> list[str]:
+        return self._walk(prefix, temporaries=True)
+
+    def _walk(self, prefix: str, *, temporaries: bool) -> list[str]:
+        """The keys under ``prefix``: published files, or (``temporaries``) only temporaries."""
         base = self.path(prefix) if prefix else self.root
         if base.is_file():
-            return [prefix]
+            return [] if base.name.startswith(_TEMPORARY_PREFIX) != temporaries else [prefix]
         keys = []
         for folder, _, names in os.walk(base):
             for name in names:
-                if not name.startswith(_TEMPORARY_PREFIX):
+                if name.startswith(_TEMPORARY_PREFIX) == temporaries:
                     keys.append(str(Path(folder, name).relative_to(self.root)).replace(os.sep, "/"))
         return sorted(keys)
 

@@ -1,24 +1,32 @@
-"""Everything that can be checked before a process group, GPU or cloud is touched."""
+"""Everything that can be checked before a process group, GPU or cloud is touched.
+
+:func:`check_job` needs no torch (``skylift check`` runs it, at once); :func:`preflight`
+runs it and then looks at this machine's devices (``skylift run`` and its ``--dry-run``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from skylift.config.schema import RunConfig
 from skylift.errors import SkyliftConfigError
 from skylift.recipes import check_recipe_args
-from skylift.train.precision import DeviceInfo, resolve_precision
 
-__all__ = ["preflight"]
+if TYPE_CHECKING:
+    import torch
+
+    from skylift.config.schema import RunConfig
+
+__all__ = ["check_job", "preflight"]
 
 
-def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
-    """Validate what depends on the job's shape and this machine; return the plan.
+def check_job(config: RunConfig, world_size: int) -> int | None:
+    """Validate what depends on the job's shape, not on this machine's devices: the
+    batch, the recipe's arguments, FSDP's options, every store URL (a local dataset's
+    index is read) and the exporters' packages. Returns the micro-batch size per rank
+    (None: token-budget batching).
 
     Raises:
-        SkyliftConfigError: naming each field to change.
+        SkyliftConfigError: naming the field to change.
     """
     # Token-budget steps hold varying sample counts: global_batch_size plays no part.
     token_budget = config.data.batching == "token_budget"
@@ -28,15 +36,30 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         raise SkyliftConfigError(str(error)) from None
     check_recipe_args(config)  # recipe.args (and the user's recipe import), before any worker
     if config.distributed.strategy == "fsdp":
-        from skylift.train.sharding import check_sharding_options
+        from skylift.train.sharding_options import check_sharding_options
 
         # The Runtime checks again; here the refusal comes before any worker starts (check, --dry-run).
         check_sharding_options(precision=config.precision, channels_last=config.channels_last,
                                cpu_offload=config.distributed.fsdp.cpu_offload, ema_decay=config.optim.ema_decay)
     _check_stores(config)
-    from skylift.train.services import _check_exporters
+    from skylift.monitor.exporters import check_exporters
 
-    _check_exporters(config.monitor.exporters)  # the package of each named exporter
+    check_exporters(config.monitor.exporters)  # the package of each named exporter
+    return micro_batch
+
+
+def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
+    """:func:`check_job`, then what depends on this machine; return the plan.
+
+    Raises:
+        SkyliftConfigError: naming each field to change.
+    """
+    import torch
+
+    from skylift.train.precision import DeviceInfo, resolve_precision
+
+    micro_batch = check_job(config, world_size)
+    token_budget = config.data.batching == "token_budget"
     device = _local_device(config.device)
     if config.distributed.backend == "nccl" and device.type != "cuda" and world_size > 1:
         raise SkyliftConfigError(
@@ -85,6 +108,8 @@ def _check_stores(config: RunConfig) -> None:
 
 
 def _local_device(requested: str) -> torch.device:
+    import torch
+
     if requested == "cuda" and not torch.cuda.is_available():
         raise SkyliftConfigError(
             "device: cuda was requested but no CUDA GPU is visible",

@@ -38,6 +38,7 @@ from skylift.loop.agreement import Decision, StepAgreement, StopReason
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import Callback, Event, EventBus, TrainState
 from skylift.monitor.breakdown import StepClock
+from skylift.monitor.exporters import check_exporters as _check_exporters
 from skylift.monitor.guards import GuardWatch
 from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
@@ -420,19 +421,6 @@ class RunServices:
         self.exports = ExportHub([build_exporter(name, self.config) for name in names], run,
                                  max_queued=self.config.monitor.export_queue_records)
         self.metrics.observers.append(self.exports.observe)
-
-
-def _check_exporters(names: list[str]) -> None:
-    """Every rank: a named exporter's package is importable (else the pip command, before any work)."""
-    import importlib.util
-
-    from skylift.errors import SkyliftConfigError
-    from skylift.monitor.exporters import EXPORTERS, VENDOR_MODULES
-
-    for name in names:
-        if importlib.util.find_spec(VENDOR_MODULES[name]) is None:
-            raise SkyliftConfigError(f"monitor.exporters: {name} needs the package {VENDOR_MODULES[name]!r}, "
-                                     "which is not installed", hint=f"Install it with: {EXPORTERS[name][1]}")
 
 
 def _run_id(run_dir: Any) -> str:

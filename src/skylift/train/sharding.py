@@ -36,6 +36,7 @@ from torch import nn
 from skylift.config.distributed import FsdpConfig
 from skylift.errors import SkyliftConfigError
 from skylift.train.placement import Placement
+from skylift.train.sharding_options import check_sharding_options
 from skylift.train.precision import PrecisionPolicy
 
 __all__ = [
@@ -108,29 +109,6 @@ def mixed_precision(precision: PrecisionPolicy, reduce_dtype: str) -> Any:
     if param_dtype is None and reduce is torch.float32:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce)
-
-
-def check_sharding_options(*, precision: str, channels_last: bool, cpu_offload: bool,
-                           ema_decay: float | None = None) -> None:  # fmt: skip
-    """Refuse, before any work, what ``strategy: fsdp`` cannot train correctly.
-
-    Raises:
-        SkyliftConfigError: naming every conflicting field and its fix.
-    """
-    problems = []
-    if ema_decay is not None:
-        problems.append(
-            "optim.ema_decay with distributed.strategy: fsdp: the average would be a second, unsharded copy of "
-            "the model on every rank (the memory FSDP exists to save); set optim.ema_decay: null, or strategy: ddp")
-    if channels_last:
-        problems.append("channels_last with distributed.strategy: fsdp: FSDP2 shards only contiguous parameters "
-                        "(torch 2.14 raises on channels-last conv weights); set channels_last: false")
-    if precision == "fp16" and cpu_offload:
-        problems.append(
-            "precision: fp16 with distributed.fsdp.cpu_offload: the loss scaler's overflow check over gradients "
-            "in host memory is untested here; use precision: bf16 (no scaler), or cpu_offload: false")
-    if problems:
-        raise SkyliftConfigError(problems)
 
 
 def sharding_for(strategy: str, settings: FsdpConfig | None, placement: Placement) -> Sharding | None:

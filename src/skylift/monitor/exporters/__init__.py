@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["EXPORTERS", "VENDOR_MODULES", "Exporter", "RunInfo", "build_exporter"]
+__all__ = ["EXPORTERS", "VENDOR_MODULES", "Exporter", "RunInfo", "build_exporter", "check_exporters"]
 
 EXPORTERS: dict[str, tuple[str, str]] = {
     "cloudwatch": ("skylift.monitor.exporters.cloudwatch:CloudWatchExporter", "pip install 'skylift[cloudwatch]'"),
@@ -24,6 +24,19 @@ EXPORTERS: dict[str, tuple[str, str]] = {
 """Sink name -> (class by import path, how to install its vendor package)."""
 VENDOR_MODULES = {"cloudwatch": "boto3", "aliyun_cms": "alibabacloud_cms20190101", "mlflow": "mlflow", "wandb": "wandb"}
 """The module each sink imports (checked on every rank before the run starts)."""
+
+
+def check_exporters(names: list[str]) -> None:
+    """Every rank, and ``skylift check``: a named exporter's package is importable (else
+    the pip command, before any work)."""
+    import importlib.util
+
+    from skylift.errors import SkyliftConfigError
+
+    for name in names:
+        if importlib.util.find_spec(VENDOR_MODULES[name]) is None:
+            raise SkyliftConfigError(f"monitor.exporters: {name} needs the package {VENDOR_MODULES[name]!r}, "
+                                     "which is not installed", hint=f"Install it with: {EXPORTERS[name][1]}")
 
 
 class RunInfo:

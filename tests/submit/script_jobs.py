@@ -57,8 +57,9 @@ def launch_argv(root: str, *, grace_s: str | None = None, run_dir: str | None = 
     return [*argv, "--", *SCRIPT]
 
 
-def node_command(platform: str, body: dict) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment ``platform`` gives each node of the job ``body`` asks for."""
+def node_command(platform: str, body: dict, applied_first: list[dict] = ()) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment ``platform`` gives each node of the job ``body`` asks for;
+    on Kubernetes a ``secretKeyRef`` reads the Secret among ``applied_first``, as the kubelet does."""
     if platform == "sagemaker":
         spec = body["AlgorithmSpecification"]
         return spec["ContainerEntrypoint"] + spec["ContainerArguments"], dict(body["Environment"])
@@ -68,5 +69,13 @@ def node_command(platform: str, body: dict) -> tuple[list[str], dict[str, str]]:
         return shlex.split(body["StartCmdInfo"]["StartCmd"]), {env["Name"]: env["Value"] for env in body["Envs"]}
     if platform == "k8s":
         trainer = body["spec"]["trainer"]
-        return list(trainer["command"]), {env["name"]: env["value"] for env in trainer["env"]}
-    return shlex.split(body["run"]), dict(body["envs"])  # SkyPilot
+        secrets = {item["metadata"]["name"]: item["stringData"] for item in applied_first if item["kind"] == "Secret"}
+
+        def value(env: dict) -> str:
+            if "value" in env:
+                return env["value"]
+            reference = env["valueFrom"]["secretKeyRef"]
+            return secrets[reference["name"]][reference["key"]]
+
+        return list(trainer["command"]), {env["name"]: value(env) for env in trainer["env"]}
+    return shlex.split(body["run"]), {**body["envs"], **body.get("secrets", {})}  # SkyPilot

@@ -77,7 +77,8 @@ def test_the_request_sent_still_carries_the_real_values():
     for platform in PLATFORM_ARGS:
         job = make_job(platform, submit={"envs": {"NOTE": NEUTRAL_SECRET}},
                        run=[f"monitor.mlflow.tracking_uri=http://user:{URL_PASSWORD}@127.0.0.1:5000"])
-        sent = json.dumps(platform_module(platform).build(job).body)
+        request = platform_module(platform).build(job)
+        sent = json.dumps([*request.extra, request.body])  # on Kubernetes the env values go in a Secret first
         assert NEUTRAL_SECRET in sent and f"user:{URL_PASSWORD}@" in sent, platform
 
 

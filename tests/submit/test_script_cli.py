@@ -29,7 +29,7 @@ def test_the_dry_run_shows_the_request_that_launches_the_script_and_no_secret(pl
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["operation"], document["sent"]) == (OPERATIONS[platform], False)
-    argv, environment = node_command(platform, document["request"])
+    argv, environment = node_command(platform, document["request"], document.get("applied_first", []))
     assert argv[:3] == ["skylift", "launch", "--checkpoint-root"]
     assert argv[argv.index("--"):] == SCRIPT_ARGS and "--run-dir" in argv
     assert environment["SKYLIFT_PLATFORM"] == platform and environment["HF_TOKEN"] == "***redacted***"

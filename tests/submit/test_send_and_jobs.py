@@ -104,10 +104,22 @@ def kube_api(tmp_path, monkeypatch):
     objects: dict[str, dict] = {}
 
     def answer(request):
+        path = request.path.split("?")[0]
+        if request.method == "POST" and path.endswith("/pytorchjobs") and refused_kinds.get("PyTorchJob"):
+            return 422, {"kind": "Status", "code": 422, "message": refused_kinds["PyTorchJob"]}
         if request.method == "POST":
             body = request.json()
-            objects[request.path.split("?")[0] + "/" + body["metadata"]["name"]] = body
-            return 201, body
+            name = body["metadata"]["name"]
+            created = {**body, "metadata": {**body["metadata"], "uid": f"uid-{name}"}}  # as the API server answers
+            objects[path + "/" + name] = created
+            return 201, created
+        if request.method == "PATCH" and refused_kinds.get("Secret ownership"):
+            refusal = refused_kinds["Secret ownership"]
+            return 403, {"kind": "Status", "code": 403, "reason": "Forbidden", "message": refusal}
+        if request.method == "PATCH" and path in objects:
+            patch = request.json()
+            objects[path]["metadata"].update(patch["metadata"])  # enough of a strategic merge for metadata
+            return 200, objects[path]
         if request.path.startswith("/api/v1/namespaces/default/pods/") and request.path.split("?")[0].endswith("/log"):
             return 200, "step 3 loss 1.90\n"
         if request.path.startswith("/api/v1/namespaces/default/pods"):
@@ -115,11 +127,15 @@ def kube_api(tmp_path, monkeypatch):
         if request.method == "GET" and request.path.split("?")[0] in objects:
             body = objects[request.path.split("?")[0]]
             return 200, {**body, "status": {"conditions": [{"type": "Complete", "status": "True", "message": "done"}]}}
+        if request.method == "DELETE" and "/secrets/" in path and refused_kinds.get("Secret deletion"):
+            return 403, {"kind": "Status", "code": 403, "reason": "Forbidden", "message": "cannot delete secrets"}
         if request.method == "DELETE":
             return 200, {"kind": "Status", "status": "Success"}
         return 404, {"kind": "Status", "code": 404, "message": "not found"}
 
+    refused_kinds: dict[str, str] = {}  # kind (or "Secret ownership") -> the API server's refusal
     server = RecordingServer(answer)
+    server.refused_kinds = refused_kinds
     config = tmp_path / "kubeconfig"
     config.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "loopback",
@@ -152,6 +168,71 @@ def test_kubernetes_submit_creates_the_runtime_then_the_train_job(kube_api, caps
     assert "labelSelector=jobset.sigs.k8s.io%2Fjobset-name%3D" in server.requests[-2].path
     assert main(["jobs", "stop", job]) == 0
     assert server.requests[-1].method == "DELETE"
+
+
+def test_kubernetes_submit_puts_envs_in_a_secret_owned_by_the_job(kube_api, capsys):
+    server, objects = kube_api
+    argv = [*BASE, "--platform", "k8s", "--set", "checkpoint.root=s3://bucket/ckpt",
+            "--set", "submit.kubernetes.cloud=eks", "--set", f"submit.envs.HF_TOKEN={SECRETS[0]}",
+            "--set", "submit.envs.NOTE=pw1"]
+    assert main(argv) == 0
+    output = capsys.readouterr()
+    assert "pw1" not in output.out + output.err and output.err == ""
+    name = json.loads(output.out)["job"].rsplit(":", 1)[1]
+    assert [(request.method, request.path) for request in server.requests] == [
+        ("POST", "/api/v1/namespaces/default/secrets"),
+        ("POST", "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"),
+        ("POST", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs"),
+        ("PATCH", f"/api/v1/namespaces/default/secrets/{name}-envs")]
+    secret, _, job, owner = (request.json() for request in server.requests)
+    assert secret["stringData"] == {"HF_TOKEN": SECRETS[0], "NOTE": "pw1"}  # the values go to the cluster
+    assert (secret["kind"], secret["type"], secret["metadata"]["name"]) == ("Secret", "Opaque", f"{name}-envs")
+    sent = json.dumps(job)
+    assert SECRETS[0] not in sent and "pw1" not in sent
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": f"{name}-envs", "key": "HF_TOKEN"}}} in \
+        job["spec"]["trainer"]["env"]
+    assert owner == {"metadata": {"ownerReferences": [
+        {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name, "uid": f"uid-{name}"}]}}
+    assert server.requests[3].headers["content-type"] == "application/strategic-merge-patch+json"
+    assert objects[f"/api/v1/namespaces/default/secrets/{name}-envs"]["metadata"]["ownerReferences"][0]["uid"] == \
+        f"uid-{name}"
+
+
+def test_kubernetes_a_secret_that_cannot_be_owned_is_said_and_the_job_still_runs(kube_api, capsys):
+    server, _ = kube_api
+    server.refused_kinds["Secret ownership"] = 'cannot patch resource "secrets"'
+    argv = [*BASE, "--platform", "k8s", "--set", "checkpoint.root=s3://bucket/ckpt",
+            "--set", "submit.kubernetes.cloud=eks", "--set", f"submit.envs.HF_TOKEN={SECRETS[0]}"]
+    assert main(argv) == 0
+    output = capsys.readouterr()
+    name = json.loads(output.out)["job"].rsplit(":", 1)[1]
+    assert output.err.startswith(f"skylift submit: the Secret {name}-envs holding submit.envs could not be made "
+                                 f"owned by job {name} (403 Forbidden)")
+    assert output.err.rstrip().endswith(f"kubectl delete secret {name}-envs -n default")
+    assert SECRETS[0] not in output.out + output.err
+
+
+@pytest.mark.parametrize("deletion_refused", [False, True], ids=["deleted", "deletion-refused"])
+def test_kubernetes_a_refused_job_takes_its_secret_back(kube_api, capsys, deletion_refused):
+    server, _ = kube_api
+    server.refused_kinds["PyTorchJob"] = "admission webhook denied the request"
+    if deletion_refused:
+        server.refused_kinds["Secret deletion"] = "yes"
+    argv = [*BASE, "--platform", "k8s", "--set", "checkpoint.root=s3://bucket/ckpt",
+            "--set", "submit.kubernetes.cloud=gke", "--set", "submit.kubernetes.api=pytorchjob",
+            "--set", f"submit.envs.HF_TOKEN={SECRETS[0]}"]
+    assert main(argv) == 1
+    error = capsys.readouterr().err
+    assert "admission webhook denied the request" in error and SECRETS[0] not in error
+    calls = [(request.method, request.path.split("?")[0]) for request in server.requests]
+    assert calls[0] == ("POST", "/api/v1/namespaces/default/secrets")
+    assert calls[1] == ("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs")
+    assert calls[2][0] == "DELETE" and calls[2][1].startswith("/api/v1/namespaces/default/secrets/skylift-quickstart-")
+    assert len(calls) == 3
+    secret = calls[2][1].rsplit("/", 1)[1]
+    left = f"the job was refused and its Secret {secret} could not be deleted (403); delete it with: " \
+           f"kubectl delete secret {secret} -n default"
+    assert (left in error) is deletion_refused
 
 
 def test_skypilot_submit_runs_sky_jobs_launch_with_the_task(tmp_path, monkeypatch, capsys):

@@ -71,3 +71,19 @@ def test_the_torch_free_jobs_of_make_test_skypilot_are_the_ones_make_job_builds(
 
     for variant, submit in VARIANTS.items():
         assert skypilot.build(make_job("skypilot", submit=submit)).body == skypilot.build(torch_free_job(submit)).body, variant
+
+
+def test_submit_envs_go_in_the_tasks_secrets_not_its_envs():
+    envs = {"HF_TOKEN": "hf-sentinel-value-0001", "NOTE": "pw1"}
+    task = yaml.safe_load(skypilot.task_yaml(skypilot.build(make_job("skypilot", submit={"envs": envs}))))
+    _validate(task)
+    assert task["envs"] == {"SKYLIFT_PLATFORM": "skypilot"}
+    assert task["secrets"] == envs
+    assert "secrets" not in skypilot.build(make_job("skypilot")).body  # nothing secret: no section
+
+
+def test_an_env_name_a_shell_cannot_set_is_refused_by_name():
+    from skylift.errors import SkyliftConfigError
+
+    with pytest.raises(SkyliftConfigError, match=r"submit\.envs\.2FA: a SkyPilot environment variable's name"):
+        skypilot.build(make_job("skypilot", submit={"envs": {"2FA": "x"}}))

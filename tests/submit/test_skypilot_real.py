@@ -83,7 +83,8 @@ def test_sky_task_from_yaml_config_reads_what_skylift_meant(variant):
     assert parsed.num_nodes == 2
     assert parsed.setup == "skylift --version"
     assert parsed.run == task["run"] and parsed.run.startswith("skylift run examples/quickstart.yaml --resume auto")
-    assert parsed.envs == {"SKYLIFT_PLATFORM": "skypilot", **VARIANTS[variant].get("envs", {})}
+    assert parsed.envs == {"SKYLIFT_PLATFORM": "skypilot"}
+    assert sky.task.get_plaintext_secrets(parsed.secrets) == VARIANTS[variant].get("envs", {})
     (resources,) = parsed.resources
     assert resources.use_spot is True
     assert list(resources.image_id.values()) == [f"docker:{IMAGE}"]  # keyed by region, None without one
@@ -105,6 +106,22 @@ def test_sky_task_from_yaml_config_reads_what_skylift_meant(variant):
         assert resources.region == (region or None)
     if disk := wanted.get("skypilot", {}).get("disk_size_gib"):
         assert resources.disk_size == disk
+
+
+def test_skypilot_stores_the_managed_jobs_task_with_the_submit_envs_redacted(tmp_path):
+    """``sky jobs launch`` keeps the user's task YAML (``dump_dag_to_yaml_str(...,
+    use_user_specified_yaml=True)`` in sky/jobs/server/core.py) for the jobs table and the
+    dashboard: a value under ``envs:`` would be kept in clear, one under ``secrets:`` is not."""
+    from sky.utils import dag_utils
+
+    envs = {"HF_TOKEN": "hf-sentinel-value-0001", "NOTE": "pw1"}
+    path = tmp_path / "task.yaml"
+    path.write_text(skypilot.task_yaml(skypilot.build(_job({"envs": envs}))))  # the file `send` launches
+    stored = dag_utils.dump_dag_to_yaml_str(dag_utils.load_chain_dag_from_yaml(str(path)),
+                                            use_user_specified_yaml=True)
+    for value in envs.values():
+        assert value not in stored
+    assert "HF_TOKEN: <redacted>" in stored
 
 
 def test_skypilot_reads_a_script_jobs_task_as_written():

@@ -14,6 +14,11 @@ its rendezvous is ``<job>-worker-0``), and a TrainJob runs on an ``-elastic`` ru
 whose ``podFailurePolicy`` recreates the lost pod (``Ignore``) instead of failing its Job,
 which would restart the whole JobSet (:mod:`skylift.submit.elastic` says which is which).
 
+The job's ``submit.envs`` travel in a ``Secret`` (``<job>-envs``, created before the job,
+then owned by it so that deleting the job deletes it) that the containers read through
+``valueFrom.secretKeyRef``: no value sits in the job's manifest, which anyone who may read
+the job (``kubectl get trainjob -o yaml``) sees; the dry run prints the Secret redacted.
+
 Spot scheduling per managed cluster: EKS with Karpenter (``karpenter.sh/capacity-type``),
 GKE (``cloud.google.com/gke-spot``), AKS (``kubernetes.azure.com/scalesetpriority``,
 with the taint AKS puts on spot pools). ACK and TKE publish no standard spot node
@@ -23,8 +28,11 @@ label: label and taint the spot node pool ``skylift.io/capacity-type=spot``.
 from __future__ import annotations
 
 import os
+import re
+import sys
 from typing import Any
 
+from skylift.cloud.redact import redact
 from skylift.errors import SkyliftConfigError
 from skylift.config.distributed import ElasticNodes
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, import_sdk, vendor_errors
@@ -33,7 +41,7 @@ from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
 from skylift.submit.spec import JobSpec
 
-__all__ = ["SPOT_SCHEDULING", "build", "logs", "problems", "send", "status", "stop"]
+__all__ = ["SPOT_SCHEDULING", "build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]
 
 TRAINER_API = ("trainer.kubeflow.org", "v1alpha1")
 TRAINING_OPERATOR_API = ("kubeflow.org", "v1")
@@ -58,15 +66,29 @@ _CONDITION_STATES: tuple[tuple[str, JobState], ...] = (
     ("Suspended", "stopped"), ("Running", "running"), ("Restarting", "running"))
 # cloud -> the notice window of skylift.cloud.notice that a pod gets to save in
 _NOTICE_CLOUD = {"eks": "aws", "gke": "gcp", "aks": "azure", "ack": "aliyun", "tke": "tencent"}
+# What the API server accepts as a key of a Secret's data (the variable's name here).
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
     """What Kubernetes needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    found = []
     if options.spot and options.kubernetes.cloud == "none":
-        return [Problem("submit.kubernetes.cloud", "--spot on Kubernetes needs the cluster flavour for its spot node "
-                        "labels (eks, gke, aks, ack or tke)",
-                        ("--set", "submit.kubernetes.cloud=<eks|gke|aks|ack|tke>"))]
-    return []
+        found.append(Problem("submit.kubernetes.cloud", "--spot on Kubernetes needs the cluster flavour for its spot "
+                             "node labels (eks, gke, aks, ack or tke)",
+                             ("--set", "submit.kubernetes.cloud=<eks|gke|aks|ack|tke>")))
+    for name in options.envs:
+        if not _SECRET_KEY.fullmatch(name):
+            # The value goes in a Secret under this name, and a Secret key allows no other characters.
+            found.append(Problem(f"submit.envs.{name}", "a Kubernetes Secret key holds only letters, digits, "
+                                 "'-', '_' and '.': rename the variable",
+                                 ("--set", "submit.envs.<NAME>=...")))
+    return found
+
+
+def envs_secret_name(job_name: str) -> str:
+    """The Secret that holds the ``submit.envs`` of job ``job_name``."""
+    return f"{job_name}-envs"
 
 
 def build(job: JobSpec) -> SubmitRequest:
@@ -75,12 +97,13 @@ def build(job: JobSpec) -> SubmitRequest:
              *elastic.problems(job)])
     target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
     notes = elastic.notes("k8s", job, api=options.kubernetes.api)
+    secrets = [_envs_secret(job)] if job.envs else []
     if options.kubernetes.api == "pytorchjob":
-        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job), notes=notes,
+        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job), secrets, notes=notes,
                              secret_envs=job.envs)
     runtime = _cluster_training_runtime(job)
-    return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]), [runtime],
-                         notes=notes, secret_envs=job.envs)
+    return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]),
+                         [*secrets, runtime], notes=notes, secret_envs=job.envs)
 
 
 def grace_period_s(options: SubmitConfig) -> int:
@@ -105,8 +128,22 @@ def _scheduling(options: SubmitConfig) -> dict[str, Any]:
     return spec
 
 
-def _env(job: JobSpec) -> list[dict[str, str]]:
-    return [{"name": name, "value": value} for name, value in {"SKYLIFT_PLATFORM": "k8s", **job.envs}.items()]
+def _env(job: JobSpec) -> list[dict[str, Any]]:
+    """The container's environment: ``submit.envs`` by reference to their Secret, never by value."""
+    secret = envs_secret_name(job.name)
+    env: list[dict[str, Any]] = [] if "SKYLIFT_PLATFORM" in job.envs else [{"name": "SKYLIFT_PLATFORM", "value": "k8s"}]
+    return env + [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}} for name in job.envs]
+
+
+def _envs_secret(job: JobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": envs_secret_name(job.name), "namespace": job.options.kubernetes.namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "skylift", "skylift.io/job": job.name}},
+        "type": "Opaque",
+        "stringData": job.envs,
+    }
 
 
 def _resources(options: SubmitConfig) -> dict[str, Any] | None:
@@ -268,17 +305,67 @@ def _errors() -> Any:
 
 
 def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
+    """The ``submit.envs`` Secret first (so no pod starts without it), then the runtime and
+    the job; the Secret is deleted again if the job is refused, and owned by the job once
+    it exists, so deleting the job (``skylift jobs stop``, ``kubectl delete``) deletes it."""
     client = _client_module()
-    custom = client.CustomObjectsApi(_api_client(options.kubernetes.context))
+    api_client = _api_client(options.kubernetes.context)
+    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
     body = request.body
     group, version = body["apiVersion"].split("/")
     plural = "trainjobs" if body["kind"] == "TrainJob" else "pytorchjobs"
     namespace = body["metadata"]["namespace"]
+    secrets = [item for item in request.extra if item["kind"] == "Secret"]
     with _errors():
-        for runtime in request.extra:
-            _apply_cluster_object(custom, runtime)
-        custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+        for secret in secrets:
+            core.create_namespaced_secret(namespace, secret)
+        try:
+            for runtime in request.extra:
+                if runtime["kind"] != "Secret":
+                    _apply_cluster_object(custom, runtime)
+            created = custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+        except BaseException:  # refused, unreachable or interrupted: no Secret outlives a job never created
+            _delete_secrets(core, namespace, secrets)
+            raise
+    for secret in secrets:
+        _own_secret(core, namespace, secret["metadata"]["name"], created)
     return JobRef("k8s", f"{namespace}/{plural}", body["metadata"]["name"])
+
+
+def _delete_secrets(core: Any, namespace: str, secrets: list[dict[str, Any]]) -> None:
+    """Take back the Secrets of a job that was refused; one that cannot be is named, never left silently."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    for secret in secrets:
+        name = secret["metadata"]["name"]
+        try:
+            core.delete_namespaced_secret(name, namespace)
+        except (ApiException, HTTPError) as error:
+            print(f"skylift submit: the job was refused and its Secret {name} could not be deleted "
+                  f"({getattr(error, 'status', None) or type(error).__name__}); delete it with: "
+                  f"kubectl delete secret {name} -n {namespace}", file=sys.stderr)
+
+
+def _own_secret(core: Any, namespace: str, name: str, job: dict[str, Any]) -> None:
+    """Make the job the Secret's owner, for the garbage collector to delete it with the job.
+    The job runs either way: a failure here is said, with the command that cleans up."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    metadata = job.get("metadata") or {}
+    owner = {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "name": metadata.get("name"),
+             "uid": metadata.get("uid")}
+    problem = "the API server returned the job without a uid" if not all(owner.values()) else None
+    if problem is None:
+        try:
+            core.patch_namespaced_secret(name, namespace, {"metadata": {"ownerReferences": [owner]}})
+            return
+        except (ApiException, HTTPError) as error:
+            problem = redact(f"{getattr(error, 'status', '')} {getattr(error, 'reason', None) or error}".strip())
+    print(f"skylift submit: the Secret {name} holding submit.envs could not be made owned by job "
+          f"{metadata.get('name')} ({problem}); it stays after the job is deleted: "
+          f"kubectl delete secret {name} -n {namespace}", file=sys.stderr)
 
 
 def _apply_cluster_object(custom: Any, body: dict[str, Any]) -> None:

@@ -6,10 +6,15 @@ continues from the checkpoint root. SkyPilot sets ``SKYPILOT_NODE_IPS``,
 ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES`` and ``SKYPILOT_NUM_GPUS_PER_NODE``.
 The ``sky`` command line is the interface (``pip install skypilot``); nothing here
 imports SkyPilot, which is a large install.
+
+The job's ``submit.envs`` go in the task's ``secrets:``, set in ``setup`` and ``run`` as
+``envs:`` are; SkyPilot holds them as secret values and writes them as ``<redacted>`` in
+the copy of the task it stores and shows (the managed jobs table, the dashboard).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -34,14 +39,23 @@ _STATES: dict[str, JobState] = {
     "FAILED": "failed", "FAILED_SETUP": "failed", "FAILED_PRECHECKS": "failed", "FAILED_NO_RESOURCE": "failed",
     "FAILED_CONTROLLER": "failed",
 }
+# The variable names SkyPilot's task schema accepts under ``envs:``; its ``secrets:`` checks
+# none, and a name outside this would break the shell that sets it on each node.
+_VARIABLE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
     """What SkyPilot needs beyond the common checks (:mod:`skylift.submit.checks`)."""
+    found = []
     if options.region and not options.skypilot.infra:
-        return [Problem("--region", "SkyPilot takes the region inside submit.skypilot.infra, not --region",
-                        ("--set", f"submit.skypilot.infra=aws/{options.region}"), drop=("--region",))]
-    return []
+        found.append(Problem("--region", "SkyPilot takes the region inside submit.skypilot.infra, not --region",
+                             ("--set", f"submit.skypilot.infra=aws/{options.region}"), drop=("--region",)))
+    for name in options.envs:
+        if not _VARIABLE_NAME.fullmatch(name):
+            found.append(Problem(f"submit.envs.{name}", "a SkyPilot environment variable's name is letters, "
+                                 "digits and '_', not starting with a digit: rename the variable",
+                                 ("--set", "submit.envs.<NAME>=...")))
+    return found
 
 
 def build(job: JobSpec) -> SubmitRequest:
@@ -69,7 +83,9 @@ def build(job: JobSpec) -> SubmitRequest:
         "name": job.name,
         "num_nodes": options.instance_count,
         "resources": resources,
-        "envs": {"SKYLIFT_PLATFORM": "skypilot", **job.envs},
+        "envs": {} if "SKYLIFT_PLATFORM" in job.envs else {"SKYLIFT_PLATFORM": "skypilot"},
+        # Every submit.envs value is secret, whatever its name.
+        **({"secrets": job.envs} if job.envs else {}),
         # The image holds everything; setup only proves it can start skylift.
         "setup": "skylift --version",
         "run": job.shell_command(),

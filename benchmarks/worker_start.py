@@ -6,7 +6,7 @@ worker code (``skylift.cli.worker``) and the same torchrun agent underneath:
 * ``torchrun``: ``python -m torch.distributed.run --nproc-per-node N -m skylift.cli.worker
   CONFIG``, every worker a Python start that imports torch and the trainer;
 * ``skylift``: ``skylift run CONFIG --nproc N``, workers forked from one server that has
-  imported them (:mod:`skylift.train.preloaded_workers`).
+  imported them (:mod:`skylift.launch.preloaded_workers`).
 
 Measured per run: ``first_step_s``, from the command's start to the first ``train`` record
 of rank 0 (``monitor.log_every_steps=1``), and ``cpu_s``, the CPU time of the whole process

@@ -24,8 +24,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("monitor",),
     ("recipes",),
     ("train",),
+    ("launch",),
     ("doctor", "submit", "integrations"),
-    ("plan",),
+    ("plan", "image"),
     ("cli",),
     ("__main__",),
 ]
@@ -39,10 +40,13 @@ the ranks' agreement) that data loaders, checkpoints and monitors take part in;
 ``machine`` the facts of the machine (doctor's facts schema, the NCCL plan, GPU
 data-sheet figures) that doctor, the launcher, the monitor and the planner all read;
 ``cloud`` the vendors' metadata services, spot notices and credential redaction. The
-Trainer (``train``) composes data, checkpoints, monitors and recipes; ``doctor`` checks a
+Trainer (``train``) composes data, checkpoints, monitors and recipes, all inside a worker;
+``launch`` starts the workers (torchrun's arguments, the elastic agent, the checks before
+any worker) and never runs in one; ``doctor`` checks a
 machine and a job for it (and reads ``train``'s precision rules), ``submit`` sends the job
 to a platform, ``integrations`` gives a framework's own loop (Hugging Face, Lightning)
-``train``'s services; ``plan`` ranks instances with doctor's memory estimate; the CLI sits on
+``train``'s services; ``plan`` ranks instances with doctor's memory estimate; ``image`` writes the job's Dockerfile
+(sized with doctor's data-loader rules, started by launch's command); the CLI sits on
 top of everything."""
 
 MAX_MODULE_LINES = 500

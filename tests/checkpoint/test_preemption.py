@@ -42,7 +42,7 @@ from skylift.checkpoint.manifest import read_manifest, read_verified
 from skylift.cloud.notice import CLOUDS
 from skylift.errors import EXIT_REQUEUE
 from skylift.storage import open_store
-from skylift.train.preloaded_workers import WORKER_NAME_PREFIX
+from skylift.launch.preloaded_workers import WORKER_NAME_PREFIX
 from tests.checkpoint.runs import LEAN, ONE_THREAD, run_here, state_kept
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT

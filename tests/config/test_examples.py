@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skylift.config import load_config
-from skylift.train.preflight import preflight
+from skylift.launch.preflight import preflight
 from tests.conftest import EXAMPLES
 
 EXAMPLE_FILES = sorted(EXAMPLES.rglob("*.yaml"))  # presets and the configs of examples in folders

@@ -91,7 +91,7 @@ def test_selected_interfaces_follows_nccl_syntax():
 
 
 def test_the_launcher_exports_the_plan_and_prints_why(monkeypatch, capsys):
-    from skylift.train.launcher import Topology, _apply_nccl_settings
+    from skylift.launch.launcher import Topology, _apply_nccl_settings
 
     facts = load_facts("azure_ndv5", environment={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
     for name in (

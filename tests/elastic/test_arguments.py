@@ -7,8 +7,8 @@ import pytest
 
 from skylift.config.distributed import ElasticNodes
 from skylift.errors import SkyliftConfigError
-from skylift.train.elastic import elastic_torchrun_arguments, parse_nnodes, rendezvous_id, resolve_nodes
-from skylift.train.launcher import Topology
+from skylift.launch.elastic import elastic_torchrun_arguments, parse_nnodes, rendezvous_id, resolve_nodes
+from skylift.launch.launcher import Topology
 
 
 @pytest.mark.parametrize(("text", "parsed"), [("1:4", (1, 4)), ("3", (3, None)), ("2:2", (2, 2))])
@@ -85,7 +85,7 @@ def _result(*codes: int):  # noqa: ANN202 - RunResult
 
 
 def test_a_committed_stop_is_143_with_the_rest_ended_by_the_agent():
-    from skylift.train.elastic_agent import committed_stop
+    from skylift.launch.elastic_agent import committed_stop
 
     assert committed_stop(_result(143))
     assert committed_stop(_result(143, -15))  # the agent closed the other worker once one exited

@@ -202,7 +202,7 @@ def test_the_pods_skylift_run_starts_an_elastic_rendezvous_at_the_platforms_endp
     assert (topology.elastic.min, topology.elastic.max) == (1, 3)
     assert (topology.master_addr, topology.master_port) == endpoint
     assert (topology.nnodes, topology.nproc) == (3, 8)
-    from skylift.train.elastic import elastic_torchrun_arguments
+    from skylift.launch.elastic import elastic_torchrun_arguments
 
     conf = next(arg for arg in elastic_torchrun_arguments(topology, ["train"], module=True, port=endpoint[1])
                 if arg.startswith("--rdzv-conf="))
@@ -219,7 +219,7 @@ def test_an_elastic_pytorchjob_pod_is_elastic_without_distributed_nodes(monkeypa
 
     from skylift.cli.options import add_topology_arguments, topology_from
     from skylift.submit import environment
-    from skylift.train.elastic import rendezvous_id
+    from skylift.launch.elastic import rendezvous_id
 
     monkeypatch.setattr(environment, "SAGEMAKER_RESOURCE_CONFIG", tmp_path / "absent.json")
     monkeypatch.delenv("SKYLIFT_JOB_ID", raising=False)

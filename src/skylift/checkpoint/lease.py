@@ -44,7 +44,7 @@ __all__ = [
 log = logging.getLogger("skylift")
 LEASE_FOLDER = "lease"
 ELASTIC_JOB_PREFIX = "skylift-"
-"""The rendezvous ids of skylift's elastic jobs (``skylift.train.elastic.rendezvous_id``)."""
+"""The rendezvous ids of skylift's elastic jobs (``skylift.launch.elastic.rendezvous_id``)."""
 _GENERATION_NAME = re.compile(r"^(\d+)\.json$")
 
 

@@ -28,7 +28,7 @@ def execute(args: argparse.Namespace) -> int:
 
     from skylift.cloud.redact import redact_config
     from skylift.config.load import load_config
-    from skylift.train.preflight import check_job
+    from skylift.launch.preflight import check_job
 
     config = load_config(args.config, args.overrides)
     topology = topology_from(args, grace_s=config.preemption.grace_s, nodes=config.distributed.nodes)

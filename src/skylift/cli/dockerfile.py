@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from skylift.doctor.dockerfile import image_spec, render_dockerfile, write_files
+    from skylift.image.dockerfile import image_spec, render_dockerfile, write_files
 
     script = args.script_command[1:] if args.script_command[:1] == ["--"] else args.script_command
     spec = image_spec(Path.cwd(), base=args.base, config_path=args.config, script=script or None)

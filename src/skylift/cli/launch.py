@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.errors import SkyliftConfigError
-    from skylift.train.launcher import launch_workers, script_arguments, torchrun_arguments
+    from skylift.launch.launcher import launch_workers, script_arguments, torchrun_arguments
 
     command = script_arguments(args.script_command)
     if not command:

@@ -41,8 +41,8 @@ def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=
     """The Topology from the flags and the platform; ``nodes``: the config's
     ``distributed.nodes`` (an ElasticNodes or None), checked against ``--nnodes``."""
     from skylift.submit.environment import detect_platform_topology, fill_from_platform
-    from skylift.train.elastic import resolve_nodes
-    from skylift.train.launcher import Topology
+    from skylift.launch.elastic import resolve_nodes
+    from skylift.launch.launcher import Topology
 
     flag = args.nnodes if isinstance(args.nnodes, str) or args.nnodes is None else str(args.nnodes)
     platform = detect_platform_topology()

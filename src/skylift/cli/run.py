@@ -33,7 +33,7 @@ def execute(args: argparse.Namespace) -> int:
     from skylift.config.load import load_config
     from skylift.doctor.gate import check_before_start
     from skylift.loop.distributed import launched_by_torchrun
-    from skylift.train.preflight import preflight
+    from skylift.launch.preflight import preflight
 
     if args.resume is not None:
         args.overrides = [*args.overrides, f"checkpoint.resume={args.resume}"]
@@ -48,7 +48,7 @@ def execute(args: argparse.Namespace) -> int:
     _skip_collections_at_exit()
     in_this_process = topology.world_size == 1 or launched_by_torchrun()
     if not in_this_process:
-        from skylift.train.preloaded_workers import start_server
+        from skylift.launch.preloaded_workers import start_server
 
         start_server(WORKER_MODULE)  # its imports overlap the doctor's checks and the rendezvous
     facts = check_before_start(config, command="run", nproc=topology.nproc, nnodes=topology.nnodes,
@@ -57,7 +57,7 @@ def execute(args: argparse.Namespace) -> int:
         from skylift.cli.worker import train_and_report
 
         return train_and_report(config, as_json=args.json)
-    from skylift.train.launcher import launch_workers
+    from skylift.launch.launcher import launch_workers
 
     entry = [WORKER_MODULE, args.config]
     for override in args.overrides:

@@ -53,7 +53,7 @@ def script_job_from_inputs(script: Sequence[str], config_path: str | None, overr
             arguments, a ``--set`` key no script job reads, or what the platform lacks.
     """
     from skylift.config.load import load_config
-    from skylift.train.launcher import image_script_command
+    from skylift.launch.launcher import image_script_command
 
     in_image = image_script_command(list(script), project or Path.cwd(), check_file=check_script)
     _refuse_secrets(in_image)

@@ -107,7 +107,7 @@ class RunServices:
         for callback in callbacks:
             self.events.add(callback)
         self.membership = MembershipWatch(context, self.metrics.write_event) if MembershipWatch.wanted() else None
-        if self.membership is not None:  # an elastic job's worker (skylift.train.elastic)
+        if self.membership is not None:  # an elastic job's worker (skylift.launch.elastic)
             self.events.add(self.membership)
         # Collectives for step-boundary decisions run on their own gloo group, so they
         # never queue behind (or stall) the NCCL gradient traffic.

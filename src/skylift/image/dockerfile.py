@@ -117,7 +117,7 @@ def image_spec(project: Path, *, base: str = "python", config_path: str | None =
     import torch
 
     from skylift import __version__
-    from skylift.train.launcher import image_script_command
+    from skylift.launch.launcher import image_script_command
 
     if base not in ("python", "cuda"):
         raise SkyliftConfigError(f"--base {base!r}: use python or cuda")

@@ -5,7 +5,7 @@ process, so it is exactly torchrun underneath: same rendezvous, same environment
 same failure handling. Static rendezvous (``--master-addr/--master-port``) is used
 for a fixed node count because with ``--rdzv-backend c10d`` torchrun ignores
 ``--node-rank`` and numbers nodes by join order; an elastic count (``--nnodes MIN:MAX``)
-takes c10d (:mod:`skylift.train.elastic`).
+takes c10d (:mod:`skylift.launch.elastic`).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def torchrun_arguments(topology: Topology, entry: list[str], *, module: bool) ->
     """torchrun's argv for ``entry`` (a module and its args when ``module``, else a script)."""
     port = topology.master_port or _free_port()
     if topology.elastic is not None:
-        from skylift.train.elastic import elastic_torchrun_arguments
+        from skylift.launch.elastic import elastic_torchrun_arguments
 
         return elastic_torchrun_arguments(topology, entry, module=module, port=port)
     argv = [
@@ -157,7 +157,7 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
 
     ``preloaded``: ``entry`` is one of skylift's own modules whose ``main(argv)`` returns an
     exit code, and the workers are forks of one process that has imported it and torch
-    (:mod:`skylift.train.preloaded_workers`), not a Python start each.
+    (:mod:`skylift.launch.preloaded_workers`), not a Python start each.
 
     A failed worker's own exit code is returned (not torchrun's generic 1), so codes
     such as "requeue" (143) reach the caller's scheduler. SIGTERM to this process is
@@ -181,11 +181,11 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
     if facts is not None:
         _apply_nccl_settings(facts, topology)
     if preloaded:
-        from skylift.train.preloaded_workers import start_server
+        from skylift.launch.preloaded_workers import start_server
 
         start_server(entry[0])
     if topology.elastic is not None:
-        from skylift.train.elastic import launch_elastic
+        from skylift.launch.elastic import launch_elastic
 
         return launch_elastic(topology, entry, module=module, port=topology.master_port or _free_port(),
                               preloaded=preloaded)
@@ -216,7 +216,7 @@ def _run_preloaded(args: Any, entry: list[str]) -> None:
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args
 
-    from skylift.train.preloaded_workers import PreloadedWorker
+    from skylift.launch.preloaded_workers import PreloadedWorker
 
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"

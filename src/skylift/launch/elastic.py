@@ -120,7 +120,7 @@ def launch_elastic(topology: Any, entry: list[str], *, module: bool, port: int, 
     """Run this node's agent in the elastic job; return its exit code (0, 143, a failure's).
 
     ``preloaded``: the workers are forks of the preloaded server, as in
-    :func:`skylift.train.launcher.launch_workers`; a restart forks them again.
+    :func:`skylift.launch.launcher.launch_workers`; a restart forks them again.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
@@ -129,7 +129,7 @@ def launch_elastic(topology: Any, entry: list[str], *, module: bool, port: int, 
     args = get_args_parser().parse_args(elastic_torchrun_arguments(topology, entry, module=module, port=port))
     config, command, command_args = config_from_args(args)
     if preloaded:
-        from skylift.train.preloaded_workers import PreloadedWorker
+        from skylift.launch.preloaded_workers import PreloadedWorker
 
         config.start_method, command, command_args = "forkserver", PreloadedWorker(entry[0]), entry[1:]
     # torch 2.14's shared agent TCPStore publishes the workers' MASTER_ADDR/PORT only in the
@@ -186,7 +186,7 @@ def _build_agent(config: Any, command: Any, command_args: list[str], folder: Pat
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.launcher.api import _get_addr_and_port
 
-    from skylift.train.elastic_agent import SkyliftAgent
+    from skylift.launch.elastic_agent import SkyliftAgent
 
     parameters = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
                                       run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,

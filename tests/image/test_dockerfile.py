@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from skylift.doctor.dockerfile import DOCKERIGNORE, ImageSpec, image_spec, render_dockerfile, write_files
+from skylift.image.dockerfile import DOCKERIGNORE, ImageSpec, image_spec, render_dockerfile, write_files
 from skylift.errors import SkyliftConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

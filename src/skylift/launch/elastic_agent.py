@@ -1,7 +1,7 @@
 """skylift's torchrun agent: ``LocalElasticAgent`` with a node that leaves on its own notice.
 
 The monitoring loop is torchrun's ``SimpleElasticAgent._invoke_run`` (torch 2.14) with the
-ended-early branch split three ways (see :mod:`skylift.train.elastic`; a node
+ended-early branch split three ways (see :mod:`skylift.launch.elastic`; a node
 that could not leave cleanly is dropped after its missed keep-alives). Everything else,
 rendezvous, worker start and stop, exit barrier, is torchrun's own.
 """

@@ -1,4 +1,4 @@
-"""``skylift run``'s workers, forked from the preloaded server (:mod:`skylift.train.preloaded_workers`),
+"""``skylift run``'s workers, forked from the preloaded server (:mod:`skylift.launch.preloaded_workers`),
 take from their launcher what a fresh Python would: two real ranks under torchrun's agent."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tests.conftest import REPO_ROOT
 PROBE = "tests.train.preloaded_probe"
 LAUNCHER = f"""
 import os, sys
-from skylift.train.launcher import Topology, launch_workers
-from skylift.train.preloaded_workers import start_server
+from skylift.launch.launcher import Topology, launch_workers
+from skylift.launch.preloaded_workers import start_server
 
 start_server({PROBE!r})
 os.environ["SKYLIFT_TEST_SET_LATE"] = "after the server started"  # as an elastic restart's reason is

@@ -112,9 +112,8 @@ def _assert_mfu_is_achieved_over_peak(summary: dict, records: list[dict]) -> Non
     assert math.isclose(summary["achieved_flops_per_s"], achieved, rel_tol=1e-12)
     assert summary["peak_flops_per_s"] == start["peak_flops_per_s"] > 0
     assert math.isclose(summary["mfu"], achieved / start["peak_flops_per_s"], rel_tol=1e-12)
-    # Above 0, but not bounded by 1: a CPU's peak is a measured matmul rate, which reads low when
-    # another process held the core while it was measured (tests/monitor/test_schema.py).
-    assert summary["mfu"] > 0
+    # Below 1: the CPU's peak is measured per CPU-second (tests/monitor/test_schema.py).
+    assert 0 < summary["mfu"] < 1
 
 
 def test_fixed_batches_report_the_analytic_flops_per_sample_and_mfu(fixed_run):

@@ -53,15 +53,14 @@ def test_mfu_and_system_figures(run_records):
     train = [r for r in run_records if r["kind"] == "train"]
     assert train[0]["flops_per_step"] > 0
     for record in train:
-        # MFU is the interval's achieved FLOP/s over one device's peak. It has no upper bound of 1
-        # here: a CPU's peak is a short matmul's measured rate, and this model's convolutions run
-        # near it (MFU 0.83-0.93 on one AVX-512 thread), so a peak measured while another process
-        # held the core reads low and MFU passes 1. What must hold is the arithmetic.
+        # MFU is the interval's achieved FLOP/s over one device's peak, below 1: a CPU's peak is
+        # the best matmul rate per CPU-second this machine measured (skylift.monitor.cpu_peak),
+        # so a core another process held while it was measured does not lower it.
         expected = counted[0]["flops_per_sample"] * record["samples_per_s"] / peak
         # The record rounds samples_per_s to 0.01 and mfu to four significant digits (at most
         # half a unit of the fourth: 5e-4 of the value); the tolerance is those two roundings.
         rounding = expected * 0.005 / record["samples_per_s"] + 5e-4 * expected
-        assert record["mfu"] > 0 and record["mfu"] == pytest.approx(expected, rel=0, abs=rounding + 1e-12), record
+        assert 0 < record["mfu"] < 1 and record["mfu"] == pytest.approx(expected, rel=0, abs=rounding + 1e-12), record
     system = [r for r in run_records if r["kind"] == "system"]
     assert system and all(r["gpus"] == [] and 0 <= r["host"]["cpu_percent"] <= 100 for r in system)
 

@@ -6,13 +6,13 @@ arithmetic, no gradients or buffers of the real model touched, the random state
 restored (so a resumed run stays bitwise equal to an uninterrupted one).
 
 Peaks are dense (no 2:4 sparsity) per-GPU figures from NVIDIA's data sheets; on a
-CPU the peak is measured with a large matmul in the run's dtype.
+CPU the peak is measured with matmuls in the run's dtype, per CPU-second and cached per
+machine (:mod:`skylift.monitor.cpu_peak`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from skylift.machine.gpus import gpu_spec
+from skylift.monitor.cpu_peak import measure_cpu_peak_flops
 
 __all__ = [
     "Peak", "SequenceFlops", "count_step_flops", "device_peak", "explain_step_flops", "fit_sequence_flops",
@@ -55,23 +56,6 @@ def gpu_peak(name: str, precision: str) -> Peak:
     if spec is None:
         return Peak(None, f"unknown: GPU {name!r} is not in skylift's data-sheet table (skylift.machine.gpus)")
     return Peak(spec.peak_flops_per_s(precision), f"table:{spec.table_entry}")
-
-
-def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, size: int = 1024, budget_s: float = 0.3) -> float:
-    """Best matmul rate over a short loop, with the threads torch uses for training."""
-    a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(dtype)
-    b = a.clone()
-    flops = 2.0 * size**3
-    torch.mm(a, b)  # first call pays for allocation and kernel selection
-    best_s = float("inf")
-    deadline = time.perf_counter() + budget_s
-    repeats = 0
-    while repeats < 3 or (time.perf_counter() < deadline and repeats < 50):
-        started = time.perf_counter()
-        torch.mm(a, b)
-        best_s = min(best_s, time.perf_counter() - started)
-        repeats += 1
-    return flops / best_s
 
 
 def count_step_flops(

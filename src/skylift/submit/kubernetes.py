@@ -33,7 +33,8 @@ import sys
 from typing import Any
 
 from skylift.cloud.redact import redact
-from skylift.errors import SkyliftConfigError
+from skylift.cloud.vendors import kubernetes_flavours
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.config.distributed import ElasticNodes
 from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, import_sdk, vendor_errors
 from skylift.config.submit import SubmitConfig
@@ -41,31 +42,15 @@ from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
 from skylift.submit.spec import JobSpec
 
-__all__ = ["SPOT_SCHEDULING", "build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]
+__all__ = ["build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]
 
 TRAINER_API = ("trainer.kubeflow.org", "v1alpha1")
 TRAINING_OPERATOR_API = ("kubeflow.org", "v1")
-EXIT_REQUEUE = 143
 
-# cloud -> (node selector, tolerations) that put a pod on spot capacity
-SPOT_SCHEDULING: dict[str, tuple[dict[str, str], list[dict[str, str]]]] = {
-    "eks": ({"karpenter.sh/capacity-type": "spot"}, []),
-    "gke": ({"cloud.google.com/gke-spot": "true"},
-            [{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]),
-    "aks": ({"kubernetes.azure.com/scalesetpriority": "spot"},
-            [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
-              "effect": "NoSchedule"}]),
-    "ack": ({"skylift.io/capacity-type": "spot"},
-            [{"key": "skylift.io/capacity-type", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}]),
-    "tke": ({"skylift.io/capacity-type": "spot"},
-            [{"key": "skylift.io/capacity-type", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}]),
-}
 # A job's conditions (TrainJob and PyTorchJob), most telling first.
 _CONDITION_STATES: tuple[tuple[str, JobState], ...] = (
     ("Complete", "succeeded"), ("Succeeded", "succeeded"), ("Failed", "failed"),
     ("Suspended", "stopped"), ("Running", "running"), ("Restarting", "running"))
-# cloud -> the notice window of skylift.cloud.notice that a pod gets to save in
-_NOTICE_CLOUD = {"eks": "aws", "gke": "gcp", "aks": "azure", "ack": "aliyun", "tke": "tencent"}
 # What the API server accepts as a key of a Secret's data (the variable's name here).
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
@@ -74,9 +59,10 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
     """What Kubernetes needs beyond the common checks (:mod:`skylift.submit.checks`)."""
     found = []
     if options.spot and options.kubernetes.cloud == "none":
+        flavours = sorted(kubernetes_flavours())
         found.append(Problem("submit.kubernetes.cloud", "--spot on Kubernetes needs the cluster flavour for its spot "
-                             "node labels (eks, gke, aks, ack or tke)",
-                             ("--set", "submit.kubernetes.cloud=<eks|gke|aks|ack|tke>")))
+                             f"node labels ({', '.join(flavours[:-1])} or {flavours[-1]})",
+                             ("--set", f"submit.kubernetes.cloud=<{'|'.join(flavours)}>")))
     for name in options.envs:
         if not _SECRET_KEY.fullmatch(name):
             # The value goes in a Secret under this name, and a Secret key allows no other characters.
@@ -107,10 +93,11 @@ def build(job: JobSpec) -> SubmitRequest:
 
 
 def grace_period_s(options: SubmitConfig) -> int:
-    from skylift.cloud.notice import DEFAULT_SIGNAL_GRACE_S, NOTICE_WINDOW_S
+    """The pods' ``terminationGracePeriodSeconds``: the notice window of the flavour's cloud."""
+    from skylift.cloud.notice import notice_window_s
 
-    cloud = _NOTICE_CLOUD.get(options.kubernetes.cloud)
-    return int(NOTICE_WINDOW_S.get(cloud or "", DEFAULT_SIGNAL_GRACE_S))
+    vendor = kubernetes_flavours().get(options.kubernetes.cloud)
+    return int(notice_window_s(vendor.name if vendor else None))
 
 
 def _scheduling(options: SubmitConfig) -> dict[str, Any]:
@@ -119,10 +106,11 @@ def _scheduling(options: SubmitConfig) -> dict[str, Any]:
     if options.instance_type:
         selector["node.kubernetes.io/instance-type"] = options.instance_type
     if options.spot:
-        spot_selector, tolerations = SPOT_SCHEDULING[options.kubernetes.cloud]
-        selector.update(spot_selector)
-        if tolerations:
-            spec["tolerations"] = tolerations
+        flavour = kubernetes_flavours()[options.kubernetes.cloud].kubernetes
+        assert flavour is not None  # kubernetes_flavours() holds only clouds that have one
+        selector.update(flavour.spot_node_selector)
+        if flavour.spot_tolerations:
+            spec["tolerations"] = [dict(toleration) for toleration in flavour.spot_tolerations]
     if selector:
         spec["nodeSelector"] = selector
     return spec

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from skylift.errors import SkyliftConfigError
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.submit.base import JobRef, JobState, JobStatus, PlatformError, SubmitRequest
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
@@ -32,7 +32,6 @@ from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "logs", "problems", "send", "status", "stop", "task_yaml"]
 
-EXIT_REQUEUE = 143
 _STATES: dict[str, JobState] = {
     "PENDING": "pending", "STARTING": "pending", "SUBMITTED": "pending", "RUNNING": "running",
     "RECOVERING": "running", "CANCELLING": "running", "SUCCEEDED": "succeeded", "CANCELLED": "stopped",

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -31,6 +31,7 @@ from skylift.errors import SkyliftConfigError
 
 __all__ = [
     "DEFAULT_SIGNAL_GRACE_S",
+    "NOTICE_WINDOW_S",
     "NoticeKind",
     "NoticeWatcher",
     "Poller",
@@ -79,6 +80,27 @@ class PreemptionNotice:
 
 
 Poller = Callable[[str, float], "PreemptionNotice | None"]
+
+
+class _NoticeWindows(Mapping[str, float]):
+    """Cloud name to its notice window, read from the registry on every access (so a cloud
+    registered later is in it). Kept for callers that look a window up by name
+    (``skylift.launch``); new code calls :func:`notice_window_s`."""
+
+    def __getitem__(self, cloud: str) -> float:
+        vendor = cloud_vendor(cloud)
+        if vendor is None:
+            raise KeyError(cloud)
+        return vendor.notice_window_s
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([vendor.name for vendor in cloud_vendors()])
+
+    def __len__(self) -> int:
+        return len(cloud_vendors())
+
+
+NOTICE_WINDOW_S: Mapping[str, float] = _NoticeWindows()
 
 
 def notice_window_s(cloud: str | None) -> float:

@@ -19,7 +19,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "skylift"
 
 LAYERS: list[tuple[str, ...]] = [
     ("skylift", "errors", "logs", "run_dir"),
-    ("loop", "config", "storage", "cloud", "machine"),
+    ("cloud",),
+    ("loop", "config", "storage", "machine"),
     ("catalog", "data", "checkpoint"),
     ("monitor",),
     ("recipes",),
@@ -39,7 +40,12 @@ Why this order: ``loop`` holds the training loop's primitives (events, the proce
 the ranks' agreement) that data loaders, checkpoints and monitors take part in;
 ``machine`` the facts of the machine (doctor's facts schema, the NCCL plan, GPU
 data-sheet figures) that doctor, the launcher, the monitor and the planner all read;
-``cloud`` the vendors' metadata services, spot notices and credential redaction. The
+``cloud`` the vendors' metadata services, spot notices and credential redaction, and the
+cloud registry (``cloud.vendors``, filled by one module per vendor). It sits below
+``config`` so that the config can check a cloud's name (``preemption.cloud``,
+``plan.interruptions_per_hour``, ``submit.kubernetes.cloud``) against the registry
+itself, with no list of its own; ``cloud`` needs nothing but the standard library and
+``errors``. The
 Trainer (``train``) composes data, checkpoints, monitors and recipes, all inside a worker;
 ``launch`` starts the workers (torchrun's arguments, the elastic agent, the checks before
 any worker) and never runs in one; ``doctor`` checks a

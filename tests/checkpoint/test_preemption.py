@@ -39,7 +39,7 @@ import torch
 from safetensors.torch import load_file
 
 from skylift.checkpoint.manifest import read_manifest, read_verified
-from skylift.cloud.notice import CLOUDS
+from skylift.cloud.vendors import cloud_names
 from skylift.errors import EXIT_REQUEUE
 from skylift.storage import open_store
 from skylift.launch.preloaded_workers import WORKER_NAME_PREFIX
@@ -344,7 +344,7 @@ def assert_resumes_exactly(run_dir: Path, stopped_at: int, background: Reference
 
 # One cloud's notice end to end in the fast lane; the other four in the full lane.
 @pytest.mark.parametrize("cloud", [pytest.param(cloud, marks=() if cloud == "aws" else pytest.mark.slow)
-                                   for cloud in CLOUDS])
+                                   for cloud in cloud_names()])
 def test_spot_notice_saves_in_time_exits_143_and_resumes_exactly(cloud, reference, tmp_path):
     run_dir = tmp_path / "run"
     with MetadataServer() as server, running(run_dir, env=_environment(cloud, server.url)) as run:

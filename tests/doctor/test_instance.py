@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from skylift.cloud.notice import CLOUDS
-from skylift.doctor import instance
+from skylift.cloud.vendors import cloud_names
+from skylift.cloud import _protocol
 from skylift.doctor.instance import gather_cloud
 from tests.doctor.metadata import INSTANCE_TYPES, InstanceMetadataServer
 
@@ -16,7 +16,7 @@ def server():
         yield running
 
 
-@pytest.mark.parametrize("cloud", CLOUDS)
+@pytest.mark.parametrize("cloud", cloud_names())
 def test_each_cloud_answers_its_instance_type(cloud, server, monkeypatch):
     monkeypatch.setenv("SKYLIFT_CLOUD", cloud)
     monkeypatch.setenv("SKYLIFT_METADATA_ENDPOINT", server.url)
@@ -25,15 +25,35 @@ def test_each_cloud_answers_its_instance_type(cloud, server, monkeypatch):
     assert facts.instance_type_error is None
 
 
-def test_off_cloud_the_metadata_service_is_never_asked(monkeypatch, tmp_path):
+class MetadataAsked(AssertionError):
+    pass
+
+
+@pytest.fixture
+def refuse_every_metadata_request(monkeypatch):
+    """Every metadata request (a vendor's headers or its tokens) goes through
+    ``_protocol.http_request``: refuse there, not at a name the doctor happens to use."""
+
+    def refuse(url, **kwargs):
+        raise MetadataAsked(f"metadata asked: {url}")
+
+    monkeypatch.setattr(_protocol, "http_request", refuse)
+
+
+def test_off_cloud_the_metadata_service_is_never_asked(monkeypatch, tmp_path, refuse_every_metadata_request):
     monkeypatch.delenv("SKYLIFT_CLOUD", raising=False)
-    monkeypatch.setattr(instance, "detect_cloud", lambda: None)
+    monkeypatch.setattr("skylift.cloud.notice.DMI_DIR", tmp_path)  # a machine with no cloud's DMI strings
+    facts = gather_cloud()
+    assert facts.name is None and facts.instance_type is None and facts.instance_type_error is None
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("metadata probed off-cloud")
 
-    monkeypatch.setattr(instance, "http_request", refuse)
-    assert gather_cloud().name is None
+@pytest.mark.parametrize("cloud", cloud_names())
+def test_on_a_cloud_the_request_reaches_the_refusing_function(cloud, monkeypatch, refuse_every_metadata_request):
+    """The control of the test above: on each cloud the doctor's request does pass
+    through the function refused there, so its silence off-cloud means something."""
+    monkeypatch.setenv("SKYLIFT_CLOUD", cloud)
+    monkeypatch.setenv("SKYLIFT_METADATA_ENDPOINT", "http://127.0.0.1:9")
+    assert gather_cloud().instance_type_error.startswith("MetadataAsked: metadata asked: http://127.0.0.1:9")
 
 
 def test_a_silent_metadata_service_is_a_reported_fact_not_a_crash(server, monkeypatch):

@@ -23,7 +23,7 @@ FILLED = {
     "<your-image>": "registry.example.com/team/skylift:1.0", "<bucket>": "bucket-1250000000", "<prefix>": "runs/q",
     "<account>": "123456789012", "<role>": "SkyliftTraining", "<instance-type>": "ml.p4d.24xlarge",
     "<ecs-spec>": "ecs.gn7i-c8g1.2xlarge", "<billing-spec>": "TI.GN7.2XLARGE32.POST", "<region>": "cn-hangzhou",
-    "<eks|gke|aks|ack|tke>": "eks",
+    "<ack|aks|eks|gke|tke>": "eks",  # the cloud registry lists flavours in name order
 }
 
 

@@ -3,13 +3,12 @@ and files, and its hook into ``skylift run``'s topology flags."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from skylift.submit import environment
-from skylift.submit.environment import detect_platform_topology, fill_from_platform
+from skylift.submit.environment import TopologyFlags, detect_platform_topology, fill_from_platform
 
 # What each platform sets on node 1 of a 2-node job (from their documentation).
 RECORDED = {
@@ -28,7 +27,7 @@ EXPECTED_MASTER = {"PAI-DLC": ("dlc1a2b3c4d-master-0", 23456), "TI-ONE": ("10.0.
 
 @pytest.fixture
 def no_sagemaker(tmp_path, monkeypatch):
-    monkeypatch.setattr(environment, "SAGEMAKER_RESOURCE_CONFIG", tmp_path / "absent.json")
+    monkeypatch.setattr(environment, "FILESYSTEM_ROOT", tmp_path)  # no SageMaker resource config under it
 
 
 @pytest.mark.parametrize("platform", list(RECORDED))
@@ -40,10 +39,11 @@ def test_each_platforms_variables_give_its_topology(platform, no_sagemaker):
 
 
 def test_sagemaker_resource_config_gives_rank_and_master(tmp_path):
-    path = tmp_path / "resourceconfig.json"
+    path = tmp_path / "opt/ml/input/config/resourceconfig.json"
+    path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"current_host": "algo-2", "hosts": ["algo-2", "algo-1"],
                                 "current_instance_type": "ml.p3.16xlarge", "network_interface_name": "eth0"}))
-    found = detect_platform_topology({}, sagemaker_config=path)
+    found = detect_platform_topology({}, filesystem_root=tmp_path)
     assert (found.platform, found.nnodes, found.node_rank) == ("SageMaker", 2, 1)
     assert (found.master_addr, found.master_port) == ("algo-1", 7777)
     assert found.nproc is None  # one per visible GPU
@@ -58,16 +58,9 @@ def test_plain_rank_variables_are_not_mistaken_for_a_platform(no_sagemaker):
     assert detect_platform_topology({"MASTER_ADDR": "x", "WORLD_SIZE": "2", "RANK": "0"}) is None
 
 
-def _args(**given) -> argparse.Namespace:
-    fields = {"nproc": None, "nnodes": None, "node_rank": None, "master_addr": None, "master_port": None,
-              "grace_s": None}
-    return argparse.Namespace(**{**fields, **given})
-
-
 def test_unset_flags_take_the_platforms_values_and_node_level_rank_is_removed(no_sagemaker, capsys):
     environ = dict(RECORDED["PAI-DLC"])
-    args = _args()
-    fill_from_platform(args, environ)
+    args, _ = fill_from_platform(TopologyFlags(), environ)
     assert (args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port) == (
         8, 2, 1, "dlc1a2b3c4d-master-0", 23456)
     assert "RANK" not in environ and "WORLD_SIZE" not in environ  # torchrun sets its own per process
@@ -75,15 +68,14 @@ def test_unset_flags_take_the_platforms_values_and_node_level_rank_is_removed(no
 
 
 def test_an_explicit_flag_wins_and_is_reported(no_sagemaker, capsys):
-    args = _args(nproc=4)
-    fill_from_platform(args, dict(RECORDED["Kubeflow"]))
+    args, _ = fill_from_platform(TopologyFlags(nproc=4), dict(RECORDED["Kubeflow"]))
     assert args.nproc == 4 and args.nnodes == 2
     assert "--nproc 4 overrides Kubeflow's 8" in capsys.readouterr().err
 
 
 def test_off_platform_the_defaults_apply_silently(no_sagemaker, capsys):
-    args = _args()
-    assert fill_from_platform(args, {}) is None
+    args, grace_s = fill_from_platform(TopologyFlags(), {})
+    assert grace_s is None
     assert (args.nproc, args.nnodes, args.node_rank, args.master_addr) == (1, 1, 0, "127.0.0.1")
     assert capsys.readouterr().err == ""
 

@@ -98,7 +98,7 @@ def test_the_pod_reads_the_operators_elastic_variables_as_its_rendezvous():
                "PET_RDZV_ENDPOINT": f"{name}-worker-0:{OPERATOR_DEFAULT_PORT}", "PET_RDZV_BACKEND": "c10d",
                "PET_RDZV_ID": policy["rdzvId"], "PET_MAX_RESTARTS": str(policy["maxRestarts"]),
                "PET_NPROC_PER_NODE": body["spec"]["nprocPerNode"]}
-    found = detect_platform_topology(environ, sagemaker_config=Path("/nonexistent"))
+    found = detect_platform_topology(environ, filesystem_root=Path("/nonexistent"))
     assert found.elastic_nodes == (policy["minReplicas"], policy["maxReplicas"])
     assert (found.master_addr, found.master_port) == (f"{name}-worker-0", OPERATOR_DEFAULT_PORT)
     assert (found.nnodes, found.nproc) == (policy["maxReplicas"], int(body["spec"]["nprocPerNode"]))
@@ -109,7 +109,7 @@ def test_the_pod_reads_the_operators_elastic_variables_as_its_rendezvous():
 
 def test_a_malformed_node_range_from_the_platform_names_the_variable():
     with pytest.raises(SkyliftConfigError, match="PET_NNODES='1:x'"):
-        detect_platform_topology({"PET_NNODES": "1:x"}, sagemaker_config=Path("/nonexistent"))
+        detect_platform_topology({"PET_NNODES": "1:x"}, filesystem_root=Path("/nonexistent"))
 
 
 def test_the_elastic_train_job_recreates_a_lost_pod_instead_of_the_jobset():
@@ -193,7 +193,7 @@ def test_the_pods_skylift_run_starts_an_elastic_rendezvous_at_the_platforms_endp
         environ = {"PET_NNODES": str(job.options.instance_count), "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8",
                    "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": "29500"}
         endpoint = (f"{name}-node-0-0.{name}", 29500)
-    monkeypatch.setattr(environment, "SAGEMAKER_RESOURCE_CONFIG", tmp_path / "absent.json")
+    monkeypatch.setattr(environment, "FILESYSTEM_ROOT", tmp_path)  # no SageMaker resource config under it
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
     parser = argparse.ArgumentParser()
@@ -221,7 +221,7 @@ def test_an_elastic_pytorchjob_pod_is_elastic_without_distributed_nodes(monkeypa
     from skylift.submit import environment
     from skylift.launch.elastic import rendezvous_id
 
-    monkeypatch.setattr(environment, "SAGEMAKER_RESOURCE_CONFIG", tmp_path / "absent.json")
+    monkeypatch.setattr(environment, "FILESYSTEM_ROOT", tmp_path)  # no SageMaker resource config under it
     monkeypatch.delenv("SKYLIFT_JOB_ID", raising=False)
     for key, value in {"PET_NNODES": "2:4", "PET_RDZV_ENDPOINT": f"job-worker-0:{OPERATOR_DEFAULT_PORT}",
                        "PET_RDZV_ID": "job", "PET_NPROC_PER_NODE": "1"}.items():  # fmt: skip

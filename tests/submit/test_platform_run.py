@@ -28,21 +28,23 @@ def _environment(platform: str, rank: int, port: int, folder: Path) -> dict[str,
         return {"SKYPILOT_NODE_IPS": f"{MASTER}\n127.0.0.3", "SKYPILOT_NODE_RANK": str(rank),
                 "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "1", "MASTER_PORT": str(port)}
     if platform == "SageMaker":
-        config = folder / f"resourceconfig-{rank}.json"
+        root = folder / f"node-{rank}"  # each node's filesystem root, with SageMaker's file under it
+        config = root / "opt/ml/input/config/resourceconfig.json"
+        config.parent.mkdir(parents=True)
         config.write_text(json.dumps({"hosts": [MASTER, "127.0.0.3"], "current_host": [MASTER, "127.0.0.3"][rank]}))
-        return {"SKYLIFT_TEST_SAGEMAKER_CONFIG": str(config), "MASTER_PORT": str(port)}
+        return {"SKYLIFT_TEST_FILESYSTEM_ROOT": str(root), "MASTER_PORT": str(port)}
     node_level = {"MASTER_ADDR": MASTER, "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank)}
     if platform == "TI-ONE":
         return {**node_level, "GPU_NUM_PER_NODE": "1", "INDEX": str(rank), "NODE_LIST": f"{MASTER}:1,127.0.0.3:1"}
     return {**node_level, "NPROC_PER_NODE": "1"}  # PAI-DLC
 
 
-# `python -m skylift`, with SageMaker's resource config read from the test's file.
+# `python -m skylift`, with SageMaker's resource config read under the test's folder.
 _ENTRY = """import os, sys
 from pathlib import Path
 import skylift.submit.environment as environment
-if "SKYLIFT_TEST_SAGEMAKER_CONFIG" in os.environ:
-    environment.SAGEMAKER_RESOURCE_CONFIG = Path(os.environ["SKYLIFT_TEST_SAGEMAKER_CONFIG"])
+if "SKYLIFT_TEST_FILESYSTEM_ROOT" in os.environ:
+    environment.FILESYSTEM_ROOT = Path(os.environ["SKYLIFT_TEST_FILESYSTEM_ROOT"])
 from skylift.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -15,8 +15,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from skylift.cloud.vendors import cloud_names, cloud_vendor
 from skylift.errors import SkyliftConfigError
 
 __all__ = ["PRICE_FILE_COLUMNS", "InstanceRow", "filter_rows", "load_catalog", "overlay_prices", "spot_zone_table"]
@@ -24,7 +25,8 @@ __all__ = ["PRICE_FILE_COLUMNS", "InstanceRow", "filter_rows", "load_catalog", "
 PRICE_FILE_COLUMNS = ("provider", "instance_type", "region", "on_demand_usd_per_hour", "spot_usd_per_hour")
 """Columns a user's price file must have (``price_source`` and ``price_read_on`` are optional)."""
 
-Provider = Literal["aws", "gcp", "azure", "aliyun", "tencent", "local"]
+LOCAL_PROVIDER = "local"
+"""The provider of a row that describes this machine, not a cloud's instance."""
 
 
 class InstanceRow(BaseModel):
@@ -32,8 +34,9 @@ class InstanceRow(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    provider: Provider
-    """Cloud: ``aws`` (EC2 and SageMaker ``ml.`` types), ``gcp``, ``azure``, ``aliyun``, ``tencent``."""
+    provider: str
+    """Cloud: a registered one (:mod:`skylift.cloud.vendors`: ``aws``, EC2 and SageMaker ``ml.``
+    types; ``gcp``, ``azure``, ``aliyun``, ``tencent``), or ``local`` for this machine."""
     instance_type: str = Field(min_length=1)
     """The provider's name for the machine, e.g. ``p4d.24xlarge`` or ``ecs.gn6i-c8g1.2xlarge``."""
     region: str = Field(min_length=1)
@@ -84,6 +87,14 @@ class InstanceRow(BaseModel):
     notes: str = ""
     """Anything a reader of the row should know (zone used for spot, caveats)."""
 
+    @field_validator("provider")
+    @classmethod
+    def _a_registered_cloud(cls, value: str) -> str:
+        if value != LOCAL_PROVIDER and cloud_vendor(value) is None:
+            raise ValueError(f"{value!r} is not a known cloud; use one of: {', '.join(cloud_names())} "
+                             f"or {LOCAL_PROVIDER}")  # fmt: skip
+        return value
+
     @model_validator(mode="after")
     def _prices_have_sources(self) -> InstanceRow:
         has_price = self.on_demand_usd_per_hour is not None or self.spot_usd_per_hour is not None
@@ -109,10 +120,9 @@ class InstanceRow(BaseModel):
 
     @property
     def spot_notice_window_s(self) -> float | None:
-        """Seconds between the provider's spot notice and the stop (the preemption watcher's table)."""
-        from skylift.cloud.notice import NOTICE_WINDOW_S
-
-        return NOTICE_WINDOW_S.get(self.provider)
+        """Seconds between the provider's spot notice and the stop (the preemption watcher's figure)."""
+        vendor = cloud_vendor(self.provider)
+        return None if vendor is None else vendor.notice_window_s
 
     def price(self, spot: bool) -> float | None:
         """USD/hour of one instance, spot or on-demand; ``None`` when there is no price."""

@@ -10,7 +10,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", action="append", default=[], metavar="MODEL",
                         help="only this GPU model, e.g. A100 (repeatable; A100 includes A100-80GB)")  # fmt: skip
     parser.add_argument("--provider", action="append", default=[], metavar="NAME",
-                        help="only this cloud: aws, gcp, azure, aliyun, tencent (repeatable)")  # fmt: skip
+                        help="only this cloud, e.g. aws or gcp (repeatable; any cloud skylift knows)")  # fmt: skip
     parser.add_argument("--spot", action="store_true", help="only rows with a spot price")
     parser.add_argument("--price-file", default=None, metavar="CSV",
                         help="your own prices laid over the shipped ones (columns: provider, instance_type, "
@@ -20,9 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from skylift.catalog import filter_rows, load_catalog
+    from skylift.cloud.vendors import cloud_names
     from skylift.errors import SkyliftConfigError
 
-    known = {"aws", "gcp", "azure", "aliyun", "tencent"}
+    known = set(cloud_names())
     providers = [name.lower() for part in args.provider for name in part.split(",")]
     unknown = sorted(set(providers) - known)
     if unknown:

@@ -58,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
     parser = build_parser()
+    argv, script = _split_script(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    if script is not None:
+        args.script_command = script
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG_ERROR
@@ -70,6 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"skylift {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``(argv before --, the script after it)`` for a command whose module sets
+    ``SCRIPT_AFTER_DASHES`` (``skylift submit``); ``(argv, None)`` otherwise."""
+    command = argv[0] if argv else None
+    if command not in COMMANDS or "--" not in argv or not getattr(_module(COMMANDS[command][0]),
+                                                                  "SCRIPT_AFTER_DASHES", False):
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
 
 
 def _module(name: str):  # noqa: ANN202 - a command module

@@ -40,27 +40,29 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
 def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=None):  # noqa: ANN001, ANN201
     """The Topology from the flags and the platform; ``nodes``: the config's
     ``distributed.nodes`` (an ElasticNodes or None), checked against ``--nnodes``."""
-    from skylift.submit.environment import detect_platform_topology, fill_from_platform
     from skylift.launch.elastic import resolve_nodes
     from skylift.launch.launcher import Topology
+    from skylift.submit.environment import TopologyFlags, detect_platform_topology, fill_from_platform
 
     flag = args.nnodes if isinstance(args.nnodes, str) or args.nnodes is None else str(args.nnodes)
     platform = detect_platform_topology()
     if flag is None and nodes is None and platform is not None and platform.elastic_nodes is not None:
         flag = "{}:{}".format(*platform.elastic_nodes)  # an elastic PyTorchJob's PET_NNODES=MIN:MAX
     elastic = resolve_nodes(flag, nodes)
-    args.nnodes = elastic.max if elastic is not None else (None if flag is None else int(flag))
+    given = TopologyFlags(nproc=args.nproc, nnodes=elastic.max if elastic is not None else (None if flag is None
+                          else int(flag)), node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=args.master_port)  # fmt: skip
 
-    # Unset flags (None) take what the platform tells this node (SageMaker, PAI-DLC,
-    # TI-ONE, Kubeflow, SkyPilot), else their defaults; a given flag wins.
-    platform_grace_s = fill_from_platform(args)
-    _check_port_and_grace(args.master_port, args.grace_s)
+    # Unset flags (None) take what the platform tells this node (each platform module's
+    # detect_topology), else their defaults; a given flag wins.
+    filled, platform_grace_s = fill_from_platform(given)
+    _check_port_and_grace(filled.master_port, args.grace_s)
     grace_s = next((value for value in (args.grace_s, grace_s, platform_grace_s) if value is not None), None)
     # An elastic pod the platform gave no node rank (PyTorchJob's elasticPolicy) cannot say
     # whether it hosts the rendezvous: torch then decides by host name (the endpoint's pod).
     by_hostname = elastic is not None and platform is not None and platform.node_rank_unknown
-    topology = Topology(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, grace_s, elastic,
-                        rendezvous_host_by_name=by_hostname)
+    topology = Topology(filled.nproc, filled.nnodes, filled.node_rank, filled.master_addr, filled.master_port, grace_s,
+                        elastic, rendezvous_host_by_name=by_hostname)
     topology.validate()
     return topology
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from skylift.errors import SkyliftConfigError
-from skylift.submit.base import MODULES
+from skylift.submit.base import platform_names, resolve_platform
 
 _SCRIPT_EXAMPLE = "skylift submit --platform sagemaker ... -- python train.py --epochs 3"
 
@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one field, typed like the YAML (repeatable), e.g. --set optim.lr=0.001")
     parser.add_argument("--config", dest="script_config", default=None, metavar="RUN.yaml",
                         help="a script job: the config submit reads checkpoint, run_dir, preemption and submit from")
-    parser.add_argument("--platform", required=True, choices=list(MODULES), help="where the job runs")
+    parser.add_argument("--platform", required=True, type=_platform_name, choices=platform_names(),
+                        metavar="{" + ",".join(platform_names(with_aliases=True)) + "}",
+                        help="where the job runs (kubernetes is k8s)")
     parser.add_argument("--instance", default=None, metavar="TYPE",
                         help="machine per node in the platform's names, e.g. ml.p4d.24xlarge, A100:8")
     parser.add_argument("--count", type=int, default=None, metavar="N", help="nodes (default 1)")
@@ -44,23 +46,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-resubmits", type=int, default=None, metavar="N",
                         help="--watch: resubmissions after reclaims (default submit.max_resubmits, 3)")
     parser.set_defaults(script_command=[])
-    _script_after_dashes(parser)
 
 
-def _script_after_dashes(parser: argparse.ArgumentParser) -> None:
-    """Split ``-- SCRIPT ARGS`` off before argparse sees it: argparse would give the
-    optional CONFIG the first word after ``--`` (and a REMAINDER positional beside it
-    everything after CONFIG, flags included)."""
-    parse_known_args = parser.parse_known_args
+def _platform_name(text: str) -> str:
+    """The platform's own name for an alias (``kubernetes``: ``k8s``); anything else as given,
+    for argparse's choices to refuse with the list."""
+    try:
+        return resolve_platform(text)
+    except SkyliftConfigError:
+        return text
 
-    def split_then_parse(args=None, namespace=None):  # noqa: ANN001, ANN202 - argparse's own signature
-        args = list(sys.argv[1:] if args is None else args)
-        cut = args.index("--") if "--" in args else len(args)
-        parsed, extras = parse_known_args(args[:cut], namespace)
-        parsed.script_command = args[cut + 1:]
-        return parsed, extras
 
-    parser.parse_known_args = split_then_parse  # type: ignore[method-assign]
+SCRIPT_AFTER_DASHES = True
+"""``skylift.cli.main`` splits ``-- SCRIPT ARGS`` off before argparse sees it (into
+``script_command``): argparse would give the optional CONFIG the first word after ``--``
+(and a REMAINDER positional beside it everything after CONFIG, flags included)."""
 
 
 def execute(args: argparse.Namespace) -> int:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from skylift.cloud._protocol import MetadataError, TokenSession, parse_iso_time_s
 from skylift.cloud.notice import PreemptionNotice, new_notice
+from skylift.cloud.vendors import SKYLIFT_SPOT_LABEL, CloudVendor, KubernetesFlavour
 
-__all__ = ["SESSION", "TERMINATION_TIME_PATH", "TOKEN_TTL_S", "poll"]
+__all__ = ["SESSION", "TERMINATION_TIME_PATH", "TOKEN_TTL_S", "VENDOR", "poll"]
 
 TOKEN_TTL_S = 21600  # the documented maximum
 TERMINATION_TIME_PATH = "/latest/meta-data/instance/spot/termination-time"
@@ -29,6 +30,22 @@ SESSION = TokenSession(
     ttl_s=TOKEN_TTL_S,
 )
 """The hardened mode's session tokens, shared by the notice watcher and ``skylift doctor``'s instance-type probe."""
+
+VENDOR = CloudVendor(
+    name="aliyun",
+    poll_module=__name__,
+    # "the instance enters the Pending Release status. Then, the instance is released
+    # in about five minutes." https://www.alibabacloud.com/help/faq-detail/48269.htm
+    notice_window_s=300.0,
+    poll_interval_s=5.0,
+    metadata_host="http://100.100.100.200",
+    dmi_signatures=(("sys_vendor", "Alibaba Cloud"), ("product_name", "Alibaba Cloud ECS")),
+    # https://www.alibabacloud.com/help/en/ecs/user-guide/view-instance-metadata
+    instance_type_path="/latest/meta-data/instance/instance-type",
+    session=SESSION,
+    kubernetes=KubernetesFlavour("ack", {SKYLIFT_SPOT_LABEL: "spot"}, (
+        {"key": SKYLIFT_SPOT_LABEL, "operator": "Equal", "value": "spot", "effect": "NoSchedule"},)),
+)
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:

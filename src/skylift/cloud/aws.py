@@ -20,8 +20,9 @@ import json
 
 from skylift.cloud._protocol import MetadataError, TokenSession, parse_iso_time_s
 from skylift.cloud.notice import PreemptionNotice, new_notice
+from skylift.cloud.vendors import CloudVendor, KubernetesFlavour
 
-__all__ = ["INSTANCE_ACTION_PATH", "REBALANCE_PATH", "SESSION", "TOKEN_TTL_S", "poll"]
+__all__ = ["INSTANCE_ACTION_PATH", "REBALANCE_PATH", "SESSION", "TOKEN_TTL_S", "VENDOR", "poll"]
 
 TOKEN_TTL_S = 21600  # the IMDSv2 maximum: six hours
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
@@ -34,6 +35,21 @@ SESSION = TokenSession(
     ttl_s=TOKEN_TTL_S,
 )
 """IMDSv2's session tokens, shared by the notice watcher and ``skylift doctor``'s instance-type probe."""
+
+VENDOR = CloudVendor(
+    name="aws",
+    poll_module=__name__,
+    # "two minutes before Amazon EC2 stops or terminates your Spot Instance"
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
+    notice_window_s=120.0,
+    poll_interval_s=5.0,  # AWS recommends checking every 5 s
+    metadata_host="http://169.254.169.254",
+    dmi_signatures=(("sys_vendor", "Amazon EC2"), ("bios_version", "amazon")),  # older Xen: "4.11.amazon"
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html
+    instance_type_path="/latest/meta-data/instance-type",
+    session=SESSION,
+    kubernetes=KubernetesFlavour("eks", {"karpenter.sh/capacity-type": "spot"}),
+)
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:

@@ -31,8 +31,9 @@ from typing import Any
 
 from skylift.cloud._protocol import MetadataError, http_request, parse_http_date_s
 from skylift.cloud.notice import NoticeKind, PreemptionNotice, new_notice
+from skylift.cloud.vendors import CloudVendor, KubernetesFlavour
 
-__all__ = ["EVENTS_PATH", "VM_NAME_PATH", "poll"]
+__all__ = ["EVENTS_PATH", "VENDOR", "VM_NAME_PATH", "poll"]
 
 log = logging.getLogger("skylift.cloud")
 
@@ -43,6 +44,26 @@ _REQUEST_HEADERS = {"Metadata": "true"}
 _KINDS: dict[str, NoticeKind] = {"Preempt": "spot-termination", "Terminate": "maintenance"}
 _vm_names: dict[str, str] = {}  # base_url -> this VM's name, read once
 _vm_names_lock = threading.Lock()
+_AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
+_SPOT_LABEL = "kubernetes.azure.com/scalesetpriority"
+
+VENDOR = CloudVendor(
+    name="azure",
+    poll_module=__name__,
+    # Scheduled Events: Preempt is announced with a NotBefore at least 30 s ahead.
+    # https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events
+    notice_window_s=30.0,
+    poll_interval_s=1.0,  # a 30 s window needs a tight loop to leave most of it for the save
+    metadata_host="http://169.254.169.254",
+    # Azure is told from plain Hyper-V by the chassis asset tag every Azure VM carries
+    # (cloud-init's ds-identify uses the same).
+    dmi_signatures=(("chassis_asset_tag", _AZURE_ASSET_TAG), ("board_asset_tag", _AZURE_ASSET_TAG)),
+    # https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
+    instance_type_path="/metadata/instance/compute/vmSize?api-version=2021-02-01&format=text",
+    request_headers=_REQUEST_HEADERS,
+    kubernetes=KubernetesFlavour("aks", {_SPOT_LABEL: "spot"},
+                                 ({"key": _SPOT_LABEL, "operator": "Equal", "value": "spot", "effect": "NoSchedule"},)),
+)
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:

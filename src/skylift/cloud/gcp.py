@@ -19,14 +19,32 @@ from __future__ import annotations
 
 from skylift.cloud._protocol import MetadataError, http_request
 from skylift.cloud.notice import PreemptionNotice, new_notice
+from skylift.cloud.vendors import CloudVendor, KubernetesFlavour
 
-__all__ = ["MAINTENANCE_EVENT_PATH", "PREEMPTED_PATH", "poll"]
+__all__ = ["MAINTENANCE_EVENT_PATH", "PREEMPTED_PATH", "VENDOR", "poll"]
 
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 MAINTENANCE_EVENT_PATH = "/computeMetadata/v1/instance/maintenance-event"
 
 _REQUEST_HEADERS = {"Metadata-Flavor": "Google"}
 _HARMLESS_MAINTENANCE = frozenset({"NONE", "MIGRATE_ON_HOST_MAINTENANCE"})
+_SPOT_LABEL = "cloud.google.com/gke-spot"
+
+VENDOR = CloudVendor(
+    name="gcp",
+    poll_module=__name__,
+    # Spot/preemptible: 30 s between the preemption notice and the hard stop.
+    # https://cloud.google.com/compute/docs/instances/spot#preemption
+    notice_window_s=30.0,
+    poll_interval_s=1.0,  # a 30 s window needs a tight loop to leave most of it for the save
+    metadata_host="http://169.254.169.254",  # what metadata.google.internal resolves to; no DNS needed
+    dmi_signatures=(("sys_vendor", "Google"), ("product_name", "Google Compute Engine")),
+    # https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys ("projects/N/machineTypes/NAME")
+    instance_type_path="/computeMetadata/v1/instance/machine-type",
+    request_headers=_REQUEST_HEADERS,
+    kubernetes=KubernetesFlavour("gke", {_SPOT_LABEL: "true"},
+                                 ({"key": _SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"},)),
+)
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:

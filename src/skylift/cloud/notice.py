@@ -4,8 +4,8 @@ A spot machine is taken back with a short warning published on its metadata serv
 :class:`NoticeWatcher` polls that service on a daemon thread and hands the first
 notice to a callback, so the trainer can stop at a step boundary and save in time.
 :func:`watch_signals` covers the other path, a SIGTERM or SIGUSR1 sent by a launcher,
-kubelet or node agent. Vendor protocols live in one module per cloud (``POLLERS``)
-and are imported only when a watcher starts.
+kubelet or node agent. Vendor protocols and facts live in one module per cloud,
+gathered by :mod:`skylift.cloud.vendors`.
 
 Nothing here may crash or stall training: failed polls are logged and retried, and
 detection reads local DMI files only, never the network.
@@ -19,21 +19,19 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Literal
 
 from skylift.cloud._protocol import is_transient
+from skylift.cloud.vendors import check_cloud, cloud_vendor, cloud_vendors
 from skylift.errors import SkyliftConfigError
 
 __all__ = [
-    "CLOUDS",
-    "DEFAULT_POLL_INTERVAL_S",
     "DEFAULT_SIGNAL_GRACE_S",
     "NOTICE_WINDOW_S",
-    "POLLERS",
     "NoticeKind",
     "NoticeWatcher",
     "Poller",
@@ -42,6 +40,7 @@ __all__ = [
     "load_poller",
     "metadata_base_url",
     "new_notice",
+    "notice_window_s",
     "watch_signals",
 ]
 
@@ -49,64 +48,10 @@ log = logging.getLogger("skylift.cloud")
 
 NoticeKind = Literal["spot-termination", "rebalance", "maintenance", "signal"]
 
-CLOUDS = ("aws", "gcp", "azure", "aliyun", "tencent")
-
-# Warning each vendor documents between the notice and the machine going away. Used
-# when a notice carries no time of its own (GCP never does).
-NOTICE_WINDOW_S: dict[str, float] = {
-    # "two minutes before Amazon EC2 stops or terminates your Spot Instance"
-    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
-    "aws": 120.0,
-    # Spot/preemptible: 30 s between the preemption notice and the hard stop.
-    # https://cloud.google.com/compute/docs/instances/spot#preemption
-    "gcp": 30.0,
-    # Scheduled Events: Preempt is announced with a NotBefore at least 30 s ahead.
-    # https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events
-    "azure": 30.0,
-    # "the instance enters the Pending Release status. Then, the instance is released
-    # in about five minutes." https://www.alibabacloud.com/help/faq-detail/48269.htm
-    "aliyun": 300.0,
-    # Tencent documents the termination-time item but no window; about two minutes
-    # is the commonly observed lead (https://www.tencentcloud.com/document/product/213/32487).
-    "tencent": 120.0,
-}
-
-# AWS recommends checking every 5 s; the 30 s clouds need a tighter loop to leave
-# most of their window for the emergency save.
-DEFAULT_POLL_INTERVAL_S: dict[str, float] = {
-    "aws": 5.0, "gcp": 1.0, "azure": 1.0, "aliyun": 5.0, "tencent": 5.0,
-}
-
-# The vendor's metadata host; SKYLIFT_METADATA_ENDPOINT replaces it for every cloud.
-_METADATA_HOSTS: dict[str, str] = {
-    "aws": "http://169.254.169.254",
-    "gcp": "http://169.254.169.254",  # what metadata.google.internal resolves to; no DNS needed
-    "azure": "http://169.254.169.254",
-    "aliyun": "http://100.100.100.200",
-    "tencent": "http://metadata.tencentyun.com",
-}
-
-POLLERS: dict[str, str] = {cloud: f"skylift.cloud.{cloud}" for cloud in CLOUDS}
-"""Cloud name to the module whose ``poll(base_url, timeout_s)`` speaks its protocol."""
-
 DEFAULT_SIGNAL_GRACE_S = 30.0
 """Signal deadline off any known cloud: Kubernetes' default terminationGracePeriodSeconds."""
 
 DMI_DIR = Path("/sys/class/dmi/id")
-
-# (cloud, DMI file, text it contains). Azure is told from plain Hyper-V by the
-# chassis asset tag every Azure VM carries (cloud-init's ds-identify uses the same).
-_DMI_SIGNATURES = (
-    ("azure", "chassis_asset_tag", "7783-7084-3265-9085-8269-3286-77"),
-    ("azure", "board_asset_tag", "7783-7084-3265-9085-8269-3286-77"),
-    ("aws", "sys_vendor", "Amazon EC2"),
-    ("aws", "bios_version", "amazon"),  # older Xen instances: "4.11.amazon"
-    ("gcp", "sys_vendor", "Google"),
-    ("gcp", "product_name", "Google Compute Engine"),
-    ("aliyun", "sys_vendor", "Alibaba Cloud"),
-    ("aliyun", "product_name", "Alibaba Cloud ECS"),
-    ("tencent", "sys_vendor", "Tencent Cloud"),
-)
 
 _WARN_AFTER_FAILURES = 12
 """Consecutive failed polls before a warning: a metadata service that never answers
@@ -137,18 +82,43 @@ class PreemptionNotice:
 Poller = Callable[[str, float], "PreemptionNotice | None"]
 
 
+class _NoticeWindows(Mapping[str, float]):
+    """Cloud name to its notice window, read from the registry on every access (so a cloud
+    registered later is in it). Kept for callers that look a window up by name
+    (``skylift.launch``); new code calls :func:`notice_window_s`."""
+
+    def __getitem__(self, cloud: str) -> float:
+        vendor = cloud_vendor(cloud)
+        if vendor is None:
+            raise KeyError(cloud)
+        return vendor.notice_window_s
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([vendor.name for vendor in cloud_vendors()])
+
+    def __len__(self) -> int:
+        return len(cloud_vendors())
+
+
+NOTICE_WINDOW_S: Mapping[str, float] = _NoticeWindows()
+
+
+def notice_window_s(cloud: str | None) -> float:
+    """Seconds the cloud documents between a notice and the stop; ``DEFAULT_SIGNAL_GRACE_S`` off any known cloud."""
+    vendor = cloud_vendor(cloud) if cloud else None
+    return DEFAULT_SIGNAL_GRACE_S if vendor is None else vendor.notice_window_s
+
+
 def new_notice(cloud: str, kind: NoticeKind, detail: str, deadline_s: float | None = None) -> PreemptionNotice:
     """A notice received now; without a stated deadline, the cloud's window from now."""
     now_s = time.time()
     if deadline_s is None:
-        deadline_s = now_s + NOTICE_WINDOW_S.get(cloud, DEFAULT_SIGNAL_GRACE_S)
+        deadline_s = now_s + notice_window_s(cloud)
     return PreemptionNotice(cloud=cloud, kind=kind, detail=detail, received_at_s=now_s, deadline_s=deadline_s)
 
 
 def _check_cloud(cloud: str, source: str) -> str:
-    if cloud not in CLOUDS:
-        raise SkyliftConfigError(f"{source}={cloud!r} is not a known cloud; use one of: {', '.join(CLOUDS)}")
-    return cloud
+    return check_cloud(cloud, source).name
 
 
 def detect_cloud(*, dmi_dir: Path | None = None) -> str | None:
@@ -161,7 +131,7 @@ def detect_cloud(*, dmi_dir: Path | None = None) -> str | None:
         dmi_dir: where the DMI files live (tests point this at a temporary folder).
 
     Returns:
-        ``"aws"``, ``"gcp"``, ``"azure"``, ``"aliyun"``, ``"tencent"``, or None.
+        A registered cloud's name (:func:`skylift.cloud.vendors.cloud_names`), or None.
 
     Raises:
         SkyliftConfigError: (a ``ValueError``) ``SKYLIFT_CLOUD`` names no known cloud.
@@ -174,13 +144,14 @@ def detect_cloud(*, dmi_dir: Path | None = None) -> str | None:
     if forced:
         return _check_cloud(forced, "SKYLIFT_CLOUD")
     folder = DMI_DIR if dmi_dir is None else dmi_dir
-    for cloud, name, needle in _DMI_SIGNATURES:
-        try:
-            text = (folder / name).read_text(errors="replace")
-        except OSError:
-            continue
-        if needle.lower() in text.lower():
-            return cloud
+    for vendor in cloud_vendors():
+        for name, needle in vendor.dmi_signatures:
+            try:
+                text = (folder / name).read_text(errors="replace")
+            except OSError:
+                continue
+            if needle.lower() in text.lower():
+                return vendor.name
     return None
 
 
@@ -190,10 +161,10 @@ def metadata_base_url(cloud: str) -> str:
     ``SKYLIFT_METADATA_ENDPOINT`` (e.g. ``http://127.0.0.1:8080``) replaces the host
     for every cloud; paths, headers and token flow stay the vendor's.
     """
-    _check_cloud(cloud, "cloud")
+    vendor = check_cloud(cloud, "cloud")
     override = os.environ.get("SKYLIFT_METADATA_ENDPOINT", "").strip()
     if not override:
-        return _METADATA_HOSTS[cloud]
+        return vendor.metadata_host
     if not override.startswith(("http://", "https://")):
         raise SkyliftConfigError(f"SKYLIFT_METADATA_ENDPOINT={override!r} must start with http:// or https://")
     return override.rstrip("/")
@@ -201,7 +172,7 @@ def metadata_base_url(cloud: str) -> str:
 
 def load_poller(cloud: str) -> Poller:
     """The vendor module's ``poll`` function, imported on first use."""
-    module = importlib.import_module(POLLERS[_check_cloud(cloud, "cloud")])
+    module = importlib.import_module(check_cloud(cloud, "cloud").poll_module)
     return module.poll
 
 
@@ -233,7 +204,8 @@ class NoticeWatcher:
             raise ValueError("NoticeWatcher: poll_interval_s and request_timeout_s must be positive")
         self.on_notice = on_notice
         self.cloud = detect_cloud() if cloud is None else _check_cloud(cloud, "cloud")
-        default_interval_s = DEFAULT_POLL_INTERVAL_S.get(self.cloud or "", 5.0)
+        vendor = cloud_vendor(self.cloud) if self.cloud else None
+        default_interval_s = vendor.poll_interval_s if vendor is not None else 5.0
         self.poll_interval_s = default_interval_s if poll_interval_s is None else poll_interval_s
         self.request_timeout_s = request_timeout_s
         self.join_timeout_s = join_timeout_s
@@ -343,7 +315,7 @@ def watch_signals(
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("watch_signals() must be called from the main thread")
     cloud = detect_cloud() or "local"
-    window_s = NOTICE_WINDOW_S.get(cloud, DEFAULT_SIGNAL_GRACE_S) if grace_s is None else grace_s
+    window_s = notice_window_s(cloud) if grace_s is None else grace_s
 
     def handle(signal_number: int, frame: FrameType | None) -> None:
         now_s = time.time()

@@ -16,11 +16,27 @@ from datetime import timedelta, timezone
 
 from skylift.cloud._protocol import MetadataError, http_request, parse_iso_time_s
 from skylift.cloud.notice import PreemptionNotice, new_notice
+from skylift.cloud.vendors import SKYLIFT_SPOT_LABEL, CloudVendor, KubernetesFlavour
 
-__all__ = ["TENCENT_TIME_ZONE", "TERMINATION_TIME_PATH", "poll"]
+__all__ = ["TENCENT_TIME_ZONE", "TERMINATION_TIME_PATH", "VENDOR", "poll"]
 
 TERMINATION_TIME_PATH = "/latest/meta-data/spot/termination-time"
 TENCENT_TIME_ZONE = timezone(timedelta(hours=8), "UTC+8")
+
+VENDOR = CloudVendor(
+    name="tencent",
+    poll_module=__name__,
+    # Tencent documents the termination-time item but no window; about two minutes
+    # is the commonly observed lead (https://www.tencentcloud.com/document/product/213/32487).
+    notice_window_s=120.0,
+    poll_interval_s=5.0,
+    metadata_host="http://metadata.tencentyun.com",
+    dmi_signatures=(("sys_vendor", "Tencent Cloud"),),
+    # https://www.tencentcloud.com/document/product/213/4934
+    instance_type_path="/latest/meta-data/instance/instance-type",
+    kubernetes=KubernetesFlavour("tke", {SKYLIFT_SPOT_LABEL: "spot"}, (
+        {"key": SKYLIFT_SPOT_LABEL, "operator": "Equal", "value": "spot", "effect": "NoSchedule"},)),
+)
 
 
 def poll(base_url: str, timeout_s: float) -> PreemptionNotice | None:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from skylift.cloud.vendors import cloud_names, cloud_vendor
 from skylift.config.section import Section
 
 __all__ = ["CheckpointConfig", "PreemptionConfig"]
@@ -87,9 +88,10 @@ class PreemptionConfig(Section):
     """Watch for spot/preemption notices and SIGTERM/SIGUSR1; on one, all ranks stop at
     the same step, save if the save fits the notice window, and exit with code 143."""
 
-    cloud: Literal["auto", "off", "aws", "gcp", "azure", "aliyun", "tencent"] = "auto"
-    """Whose metadata service to poll for notices: ``auto`` detects it (or reads
-    ``SKYLIFT_CLOUD``), ``off`` watches signals only."""
+    cloud: str = "auto"
+    """Whose metadata service to poll for notices: a registered cloud (``aws``, ``gcp``,
+    ``azure``, ``aliyun``, ``tencent``: :mod:`skylift.cloud.vendors`), ``auto`` detects it
+    (or reads ``SKYLIFT_CLOUD``), ``off`` watches signals only."""
 
     poll_interval_s: float | None = Field(default=None, gt=0.0)
     """Seconds between metadata polls; ``null``: the cloud's recommended interval."""
@@ -99,6 +101,14 @@ class PreemptionConfig(Section):
     def _yaml_off(cls, value: object) -> object:
         # YAML 1.1 reads an unquoted `off` as false.
         return "off" if value is False else value
+
+    @field_validator("cloud")
+    @classmethod
+    def _a_registered_cloud(cls, value: str) -> str:
+        # Checked against the cloud registry, not a list here: a new cloud is its own module.
+        if value in ("auto", "off") or cloud_vendor(value) is not None:
+            return value
+        raise ValueError(f"{value!r} is not a known cloud; use one of: {', '.join(cloud_names())}, auto or off")
 
     grace_s: float | None = Field(default=None, gt=0.0)
     """Seconds the launcher gives workers to save after SIGTERM before killing them, and

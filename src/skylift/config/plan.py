@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from skylift.cloud.vendors import cloud_names, cloud_vendor
 from skylift.config.section import Section
 
 __all__ = ["PlanConfig"]
 
-Provider = Literal["aws", "gcp", "azure", "aliyun", "tencent"]
+
+def _registered_cloud(name: str) -> str:
+    if cloud_vendor(name) is None:
+        raise ValueError(f"{name!r} is not a known cloud; use one of: {', '.join(cloud_names())}")
+    return name
+
+
+Provider = Annotated[str, AfterValidator(_registered_cloud)]
+"""A registered cloud's name (:mod:`skylift.cloud.vendors`): checked there, not listed here."""
 Rate = Annotated[float, Field(ge=0.0, le=100.0)]
 
 

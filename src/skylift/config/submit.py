@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skylift.cloud.vendors import kubernetes_flavours
+
 __all__ = [
     "KubernetesOptions",
     "PaiOptions",
@@ -108,9 +110,20 @@ class KubernetesOptions(_Section):
     """``trainjob``: Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``) with a skylift
     ``ClusterTrainingRuntime``; ``pytorchjob``: Training Operator v1 (``kubeflow.org/v1``)."""
 
-    cloud: Literal["none", "eks", "gke", "aks", "ack", "tke"] = "none"
+    cloud: str = "none"
     """Managed cluster flavour, for spot node selectors, tolerations and the notice
-    window; ``none``: no spot scheduling constraints."""
+    window: a registered cloud's (``eks``, ``gke``, ``aks``, ``ack``, ``tke``: the
+    ``kubernetes`` field of :mod:`skylift.cloud.vendors`); ``none``: no spot scheduling
+    constraints."""
+
+    @field_validator("cloud")
+    @classmethod
+    def _a_registered_flavour(cls, value: str) -> str:
+        flavours = kubernetes_flavours()
+        if value != "none" and value not in flavours:
+            raise ValueError(f"{value!r} is not a managed Kubernetes skylift knows; use one of: "
+                             f"{', '.join(sorted(flavours))} or none")
+        return value
 
     runtime_name: str = "skylift-torch"
     """Name of the ``ClusterTrainingRuntime`` skylift creates (or updates) for TrainJobs."""

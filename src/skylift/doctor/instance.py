@@ -10,27 +10,11 @@ from __future__ import annotations
 
 import os
 
-from skylift.cloud import aliyun, aws
-from skylift.cloud._protocol import http_request
 from skylift.cloud.notice import detect_cloud, metadata_base_url
+from skylift.cloud.vendors import check_cloud, metadata_get
 from skylift.machine.facts import CloudFacts
 
-__all__ = ["INSTANCE_TYPE_PATHS", "gather_cloud"]
-
-INSTANCE_TYPE_PATHS: dict[str, str] = {
-    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html
-    "aws": "/latest/meta-data/instance-type",
-    # https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys ("projects/N/machineTypes/NAME")
-    "gcp": "/computeMetadata/v1/instance/machine-type",
-    # https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
-    "azure": "/metadata/instance/compute/vmSize?api-version=2021-02-01&format=text",
-    # https://www.alibabacloud.com/help/en/ecs/user-guide/view-instance-metadata
-    "aliyun": "/latest/meta-data/instance/instance-type",
-    # https://www.tencentcloud.com/document/product/213/4934
-    "tencent": "/latest/meta-data/instance/instance-type",
-}
-_HEADERS = {"gcp": {"Metadata-Flavor": "Google"}, "azure": {"Metadata": "true"}}
-_SESSIONS = {"aws": aws.SESSION, "aliyun": aliyun.SESSION}  # the notice watcher's: one token cache
+__all__ = ["gather_cloud", "instance_type"]
 
 
 def gather_cloud(*, probe_metadata: bool = True, timeout_s: float = 1.0) -> CloudFacts:
@@ -49,12 +33,11 @@ def gather_cloud(*, probe_metadata: bool = True, timeout_s: float = 1.0) -> Clou
 
 
 def instance_type(cloud: str, *, timeout_s: float) -> str | None:
-    """The vendor's name for this machine's size (``p5.48xlarge``, ``a3-highgpu-8g``)."""
-    base_url, path = metadata_base_url(cloud), INSTANCE_TYPE_PATHS[cloud]
-    if cloud in _SESSIONS:
-        response = _SESSIONS[cloud].get(base_url, path, timeout_s=timeout_s)
-    else:
-        response = http_request(base_url + path, timeout_s=timeout_s, headers=_HEADERS.get(cloud))
+    """The vendor's name for this machine's size (``p5.48xlarge``, ``a3-highgpu-8g``), at the
+    path its :class:`~skylift.cloud.vendors.CloudVendor` names, asked as its notice poller asks."""
+    vendor = check_cloud(cloud, "cloud")
+    path = vendor.instance_type_path
+    response = metadata_get(vendor, metadata_base_url(cloud), path, timeout_s=timeout_s)
     if response.status != 200 or not response.text:
         raise RuntimeError(f"GET {path.split('?')[0]} answered {response.status}")
     # GCP answers a path with the project number in it; only the last part is the type.

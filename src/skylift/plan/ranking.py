@@ -16,22 +16,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from skylift.catalog import InstanceRow
+from skylift.cloud.vendors import DEFAULT_INTERRUPTIONS_PER_HOUR, cloud_vendors
 from skylift.machine.memory import ModelMemory, Sharding
 from skylift.machine.gpus import gpu_spec
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import StepPrediction, Target, predict_step, target_precision
 
 __all__ = ["DEFAULT_INTERRUPTIONS_PER_HOUR", "DEFAULT_RESTART_S", "DEFAULT_WORKER_RESTART_S", "Candidate",
-           "PlanRequest", "elastic_assumptions", "interruption_rates", "local_target", "plan_candidates",
+           "PlanRequest", "default_interruptions_per_hour", "elastic_assumptions", "interruption_rates", "local_target", "plan_candidates",
            "row_target"]  # fmt: skip
 
-DEFAULT_INTERRUPTIONS_PER_HOUR: dict[str, float] = {
-    # skylift's assumption, the same for every provider until one publishes a rate. AWS's
-    # Spot Instance Advisor gives monthly interruption-frequency buckets per instance type
-    # (https://aws.amazon.com/ec2/spot/instance-advisor/); Alibaba, Tencent, GCP and Azure
-    # publish none. 0.05/hour = one interruption per 20 hours of running.
-    "aws": 0.05, "gcp": 0.05, "azure": 0.05, "aliyun": 0.05, "tencent": 0.05,
-}  # fmt: skip
+
+def default_interruptions_per_hour() -> dict[str, float]:
+    """Each registered cloud's assumed spot interruptions per instance-hour
+    (:attr:`skylift.cloud.vendors.CloudVendor.interruptions_per_hour`: 0.05 until a vendor
+    publishes a rate. AWS's Spot Instance Advisor gives monthly interruption-frequency
+    buckets per instance type, https://aws.amazon.com/ec2/spot/instance-advisor/; the
+    others publish none)."""
+    return {vendor.name: vendor.interruptions_per_hour for vendor in cloud_vendors()}
+
 
 DEFAULT_RESTART_S = 600.0
 """Assumed seconds from an interruption to training again: new capacity, image pull, resume."""
@@ -55,7 +58,7 @@ class PlanRequest:
     efficiency: float | None = None
     interruptions_per_hour: float | dict[str, float] | None = None
     """Spot interruptions per instance-hour: one rate, one per provider (the rest keep the
-    defaults), or ``None`` for :data:`DEFAULT_INTERRUPTIONS_PER_HOUR`."""
+    defaults), or ``None`` for :func:`default_interruptions_per_hour`."""
     restart_s: float = DEFAULT_RESTART_S
     checkpoint_every_minutes: float | None = 10.0
     checkpoint_async: bool = True
@@ -256,7 +259,7 @@ def _with_interruptions(hours: float, row: InstanceRow, nodes: int, measurement:
     whole-job time, one node's relaunch paid. Its workers stand still twice (shrink now,
     grow back when the node returns). The work since the last checkpoint is lost alike.
     """
-    rate = interruption_rates(request).get(row.provider, DEFAULT_INTERRUPTIONS_PER_HOUR["aws"])
+    rate = interruption_rates(request).get(row.provider, DEFAULT_INTERRUPTIONS_PER_HOUR)
     interruptions = rate * hours * nodes
     if _keeps_training(nodes, request):
         lost_s = request.restart_s / nodes + 2 * request.worker_restart_s
@@ -288,12 +291,12 @@ def elastic_assumptions(request: PlanRequest) -> list[str]:
 
 def interruption_rates(request: PlanRequest) -> dict[str, float]:
     """Interruptions per instance-hour for each provider, the request's over the defaults."""
-    given = request.interruptions_per_hour
+    given, defaults = request.interruptions_per_hour, default_interruptions_per_hour()
     if given is None:
-        return dict(DEFAULT_INTERRUPTIONS_PER_HOUR)
+        return defaults
     if isinstance(given, dict):
-        return {**DEFAULT_INTERRUPTIONS_PER_HOUR, **given}
-    return dict.fromkeys(DEFAULT_INTERRUPTIONS_PER_HOUR, given)
+        return {**defaults, **given}
+    return dict.fromkeys(defaults, given)
 
 
 def _work_lost_s(row: InstanceRow, measurement: Measurement, request: PlanRequest) -> float:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from skylift.errors import SkyliftConfigError
-from skylift.submit.base import MODULES, platform_module
+from skylift.submit.base import platform_info, platform_module
 
 if TYPE_CHECKING:
     from skylift.config.submit import SubmitConfig
@@ -137,5 +137,5 @@ def request_problems(platform: str, options: SubmitConfig, *, checkpoint_enabled
     module = platform_module(platform)
     stores = getattr(module, "OBJECT_STORES", None)
     return [*common_problems(options.image, checkpoint_enabled=checkpoint_enabled, checkpoint_root=checkpoint_root,
-                             data_urls=data_urls, stores=stores, platform=MODULES[platform][1]),
+                             data_urls=data_urls, stores=stores, platform=platform_info(platform).title),
             *module.problems(options, checkpoint_root)]

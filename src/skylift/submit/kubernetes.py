@@ -30,42 +30,41 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from skylift.cloud.redact import redact
-from skylift.errors import SkyliftConfigError
+from skylift.cloud.vendors import kubernetes_flavours
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.config.distributed import ElasticNodes
-from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, import_sdk, vendor_errors
+from skylift.config.script_environment import PLATFORM_VARIABLE
+from skylift.submit.base import (
+    JobRef,
+    JobState,
+    JobStatus,
+    Platform,
+    PlatformTopology,
+    SubmitRequest,
+    import_sdk,
+    vendor_errors,
+)
+from skylift.submit.environment import integer, optional_integer
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
 from skylift.submit.spec import JobSpec
 
-__all__ = ["SPOT_SCHEDULING", "build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]
+__all__ = ["build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]
 
+NAME = "k8s"
 TRAINER_API = ("trainer.kubeflow.org", "v1alpha1")
 TRAINING_OPERATOR_API = ("kubeflow.org", "v1")
-EXIT_REQUEUE = 143
 
-# cloud -> (node selector, tolerations) that put a pod on spot capacity
-SPOT_SCHEDULING: dict[str, tuple[dict[str, str], list[dict[str, str]]]] = {
-    "eks": ({"karpenter.sh/capacity-type": "spot"}, []),
-    "gke": ({"cloud.google.com/gke-spot": "true"},
-            [{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]),
-    "aks": ({"kubernetes.azure.com/scalesetpriority": "spot"},
-            [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
-              "effect": "NoSchedule"}]),
-    "ack": ({"skylift.io/capacity-type": "spot"},
-            [{"key": "skylift.io/capacity-type", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}]),
-    "tke": ({"skylift.io/capacity-type": "spot"},
-            [{"key": "skylift.io/capacity-type", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}]),
-}
 # A job's conditions (TrainJob and PyTorchJob), most telling first.
 _CONDITION_STATES: tuple[tuple[str, JobState], ...] = (
     ("Complete", "succeeded"), ("Succeeded", "succeeded"), ("Failed", "failed"),
     ("Suspended", "stopped"), ("Running", "running"), ("Restarting", "running"))
-# cloud -> the notice window of skylift.cloud.notice that a pod gets to save in
-_NOTICE_CLOUD = {"eks": "aws", "gke": "gcp", "aks": "azure", "ack": "aliyun", "tke": "tencent"}
 # What the API server accepts as a key of a Secret's data (the variable's name here).
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
@@ -74,9 +73,10 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
     """What Kubernetes needs beyond the common checks (:mod:`skylift.submit.checks`)."""
     found = []
     if options.spot and options.kubernetes.cloud == "none":
+        flavours = sorted(kubernetes_flavours())
         found.append(Problem("submit.kubernetes.cloud", "--spot on Kubernetes needs the cluster flavour for its spot "
-                             "node labels (eks, gke, aks, ack or tke)",
-                             ("--set", "submit.kubernetes.cloud=<eks|gke|aks|ack|tke>")))
+                             f"node labels ({', '.join(flavours[:-1])} or {flavours[-1]})",
+                             ("--set", f"submit.kubernetes.cloud=<{'|'.join(flavours)}>")))
     for name in options.envs:
         if not _SECRET_KEY.fullmatch(name):
             # The value goes in a Secret under this name, and a Secret key allows no other characters.
@@ -93,24 +93,25 @@ def envs_secret_name(job_name: str) -> str:
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require([*request_problems("k8s", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+    require([*request_problems(NAME, options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
              *elastic.problems(job)])
     target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
-    notes = elastic.notes("k8s", job, api=options.kubernetes.api)
+    notes = elastic.notes(NAME, job)
     secrets = [_envs_secret(job)] if job.envs else []
     if options.kubernetes.api == "pytorchjob":
-        return SubmitRequest("k8s", "create PyTorchJob", target, _pytorch_job(job), secrets, notes=notes,
+        return SubmitRequest(NAME, "create PyTorchJob", target, _pytorch_job(job), secrets, notes=notes,
                              secret_envs=job.envs)
     runtime = _cluster_training_runtime(job)
-    return SubmitRequest("k8s", "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]),
+    return SubmitRequest(NAME, "create TrainJob", target, _train_job(job, runtime["metadata"]["name"]),
                          [*secrets, runtime], notes=notes, secret_envs=job.envs)
 
 
 def grace_period_s(options: SubmitConfig) -> int:
-    from skylift.cloud.notice import DEFAULT_SIGNAL_GRACE_S, NOTICE_WINDOW_S
+    """The pods' ``terminationGracePeriodSeconds``: the notice window of the flavour's cloud."""
+    from skylift.cloud.notice import notice_window_s
 
-    cloud = _NOTICE_CLOUD.get(options.kubernetes.cloud)
-    return int(NOTICE_WINDOW_S.get(cloud or "", DEFAULT_SIGNAL_GRACE_S))
+    vendor = kubernetes_flavours().get(options.kubernetes.cloud)
+    return int(notice_window_s(vendor.name if vendor else None))
 
 
 def _scheduling(options: SubmitConfig) -> dict[str, Any]:
@@ -119,10 +120,11 @@ def _scheduling(options: SubmitConfig) -> dict[str, Any]:
     if options.instance_type:
         selector["node.kubernetes.io/instance-type"] = options.instance_type
     if options.spot:
-        spot_selector, tolerations = SPOT_SCHEDULING[options.kubernetes.cloud]
-        selector.update(spot_selector)
-        if tolerations:
-            spec["tolerations"] = tolerations
+        flavour = kubernetes_flavours()[options.kubernetes.cloud].kubernetes
+        assert flavour is not None  # kubernetes_flavours() holds only clouds that have one
+        selector.update(flavour.spot_node_selector)
+        if flavour.spot_tolerations:
+            spec["tolerations"] = [dict(toleration) for toleration in flavour.spot_tolerations]
     if selector:
         spec["nodeSelector"] = selector
     return spec
@@ -131,7 +133,7 @@ def _scheduling(options: SubmitConfig) -> dict[str, Any]:
 def _env(job: JobSpec) -> list[dict[str, Any]]:
     """The container's environment: ``submit.envs`` by reference to their Secret, never by value."""
     secret = envs_secret_name(job.name)
-    env: list[dict[str, Any]] = [] if "SKYLIFT_PLATFORM" in job.envs else [{"name": "SKYLIFT_PLATFORM", "value": "k8s"}]
+    env: list[dict[str, Any]] = [] if PLATFORM_VARIABLE in job.envs else [{"name": PLATFORM_VARIABLE, "value": NAME}]
     return env + [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}} for name in job.envs]
 
 
@@ -278,11 +280,11 @@ def _elastic_policy(name: str, nodes: ElasticNodes) -> dict[str, Any]:
 
 
 def _client_module() -> Any:
-    return import_sdk("kubernetes.client", "k8s", "kubernetes")
+    return import_sdk("kubernetes.client", NAME, "kubernetes")
 
 
 def _api_client(context: str | None) -> Any:
-    kubernetes = import_sdk("kubernetes", "k8s", "kubernetes")
+    kubernetes = import_sdk("kubernetes", NAME, "kubernetes")
     from kubernetes.config.config_exception import ConfigException
 
     # The client reads KUBECONFIG once, at import; read it now, as kubectl does.
@@ -301,7 +303,7 @@ def _errors() -> Any:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    return vendor_errors("k8s", ApiException, HTTPError)
+    return vendor_errors(NAME, ApiException, HTTPError)
 
 
 def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
@@ -329,7 +331,7 @@ def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
             raise
     for secret in secrets:
         _own_secret(core, namespace, secret["metadata"]["name"], created)
-    return JobRef("k8s", f"{namespace}/{plural}", body["metadata"]["name"])
+    return JobRef(NAME, f"{namespace}/{plural}", body["metadata"]["name"])
 
 
 def _delete_secrets(core: Any, namespace: str, secrets: list[dict[str, Any]]) -> None:
@@ -420,3 +422,63 @@ def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list
             text = core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=max_lines)
             lines += [f"[{pod.metadata.name}] {line}" for line in text.splitlines()]
     return lines
+
+
+def _detect_topology(environ: Mapping[str, str], root: Path) -> PlatformTopology | None:
+    """Kubeflow Trainer (and the v1 PyTorchJob) set ``PET_NNODES``, ``PET_NODE_RANK``,
+    ``PET_NPROC_PER_NODE`` and ``PET_MASTER_ADDR``/``PET_MASTER_PORT`` (v1: ``MASTER_*``).
+    An elastic v1 PyTorchJob sets ``PET_NNODES=MIN:MAX`` and ``PET_RDZV_ENDPOINT`` instead
+    of a master and a rank: the topology is then ``nnodes`` MAX, node 0, the endpoint as
+    the master, and ``elastic_nodes`` (MIN, MAX)."""
+    if "PET_NNODES" not in environ:
+        return None
+    address = environ.get("PET_MASTER_ADDR") or environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = optional_integer(environ, "PET_MASTER_PORT") or optional_integer(environ, "MASTER_PORT")
+    elastic_range = _node_range(environ["PET_NNODES"]) if ":" in environ["PET_NNODES"] else None
+    if elastic_range is not None and environ.get("PET_RDZV_ENDPOINT"):
+        address, _, endpoint_port = environ["PET_RDZV_ENDPOINT"].rpartition(":")
+        port = integer({"PET_RDZV_ENDPOINT": endpoint_port}, "PET_RDZV_ENDPOINT")
+    nnodes = elastic_range[1] if elastic_range else integer(environ, "PET_NNODES")
+    # "auto", "gpu" or "cpu" leave the count to the visible devices.
+    return PlatformTopology("Kubeflow", "PET_* variables", nnodes,
+                            optional_integer(environ, "PET_NODE_RANK") or 0, address, port,
+                            optional_integer(environ, "PET_NPROC_PER_NODE"),
+                            node_level_variables=("RANK", "WORLD_SIZE"), elastic_nodes=elastic_range,
+                            node_rank_unknown=elastic_range is not None and "PET_NODE_RANK" not in environ)
+
+
+def _node_range(value: str) -> tuple[int, int]:
+    low, _, high = value.partition(":")
+    if not (low.isdigit() and high.isdigit()) or int(low) > int(high):
+        raise SkyliftConfigError(f"the platform set PET_NNODES={value!r}, which is neither a whole number nor MIN:MAX")
+    return int(low), int(high)
+
+
+def _elastic_note(nodes: ElasticNodes, count: int, options: SubmitConfig) -> str:
+    return _kubernetes_note(options.kubernetes.api, nodes.min, nodes.max, count)
+
+
+def _kubernetes_note(api: str | None, low: int, high: int, count: int) -> str:
+    if api == "pytorchjob":
+        return (f"elastic: yes, the PyTorchJob's elasticPolicy (minReplicas {low}, maxReplicas {high}, rdzvBackend "
+                f"c10d) over {count} Worker pods: a lost pod leaves the others training at the smaller size, the "
+                "operator recreates it (restartPolicy ExitCode) and it rejoins at the next checkpoint; the "
+                "rendezvous lives on worker-0, whose loss ends the job")
+    return (f"elastic: yes, inside the TrainJob, not in its API: Kubeflow Trainer v2 has no elasticPolicy "
+            "(KEP-2903 is open) and refuses PET_NNODES in trainer.env, so `skylift run` hands torchrun "
+            f"--nnodes {low}:{high} itself with the rendezvous at PET_MASTER_ADDR (node 0, whose loss ends the "
+            f"job); the -elastic ClusterTrainingRuntime recreates a pod that exits 143 or is disrupted "
+            "(podFailurePolicy Ignore) instead of restarting the JobSet, so the others keep training")
+
+
+PLATFORM = Platform(
+    name=NAME,
+    title="Kubernetes (Kubeflow)",
+    module=__name__,
+    aliases=("kubernetes",),
+    elastic_note=_elastic_note,
+    detect_topology=_detect_topology,
+    detect_order=10,  # PET_* variables are Kubeflow's alone
+    endpoint=lambda options: options.kubernetes.context,
+    request_format="yaml",
+)

@@ -10,13 +10,11 @@ from typing import Any
 
 import yaml
 
-from skylift.submit.base import MODULES, JobRef, JobStatus, SubmitRequest
+from skylift.submit.base import JobRef, JobStatus, SubmitRequest, platform_info
 from skylift.cloud.redact import redact
 
 __all__ = ["exit_code", "print_request", "print_status", "print_submitted", "request_document"]
 
-# Platforms whose request is a YAML manifest rather than a JSON API body.
-_YAML_PLATFORMS = ("k8s", "skypilot")
 
 
 def request_document(request: SubmitRequest) -> dict[str, Any]:
@@ -40,11 +38,11 @@ def print_request(request: SubmitRequest, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps({**document, "sent": False}, indent=2))
         return
-    name = MODULES[request.platform][1]
+    name = platform_info(request.platform).title
     print(f"skylift submit --dry-run: {name} {request.operation} -> {document['target']}; nothing was sent")
     for note in document.get("notes", []):
         print(f"skylift submit --dry-run: {note}")
-    if request.platform in _YAML_PLATFORMS:
+    if platform_info(request.platform).request_format == "yaml":
         documents = [*document.get("applied_first", []), document["request"]]
         print(yaml.safe_dump_all(documents, sort_keys=False), end="")
     else:
@@ -57,7 +55,7 @@ def print_submitted(request: SubmitRequest, ref: JobRef, *, as_json: bool, recor
         print(json.dumps({**request_document(request), "sent": True, "job": str(ref),
                           "record": str(record) if record else None}, indent=2))
         return
-    print(f"skylift submit: {MODULES[request.platform][1]} accepted {request.operation}; job {ref}")
+    print(f"skylift submit: {platform_info(request.platform).title} accepted {request.operation}; job {ref}")
     print(f"  follow it with: skylift jobs status {ref}   (logs: skylift jobs logs {ref})")
     if record is not None:
         print(f"  watch it later, resubmitting after a spot reclaim: skylift jobs watch {ref}   (record {record})")

@@ -15,10 +15,25 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from skylift.config.distributed import ElasticNodes
+from skylift.config.script_environment import PLATFORM_VARIABLE
 from skylift.errors import SkyliftConfigError
-from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
+from skylift.submit.base import (
+    JobRef,
+    JobState,
+    JobStatus,
+    Platform,
+    PlatformTopology,
+    SubmitRequest,
+    credentials_error,
+    guarded,
+    import_sdk,
+)
+from skylift.submit.environment import has_node_level, node_level
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
@@ -37,6 +52,7 @@ __all__ = [
 ]
 
 CHECKPOINT_MOUNT = "/mnt/skylift/checkpoints"
+NAME = "pai"
 DATA_MOUNT = "/mnt/skylift/data"
 DEFAULT_SPOT_DISCOUNT_LIMIT = 0.9
 RECLAIM_GRACE_S = 300
@@ -95,7 +111,7 @@ def build(job: JobSpec) -> SubmitRequest:
         "JobSpecs": [spec],
         "UserCommand": job.shell_command(overrides),
         "DataSources": sources,
-        "Envs": {"SKYLIFT_PLATFORM": "pai", **job.envs},
+        "Envs": {PLATFORM_VARIABLE: NAME, **job.envs},
         "JobMaxRunningTimeMinutes": math.ceil(options.max_runtime_s / 60),
         "Settings": {"TerminationGracePeriodSeconds": RECLAIM_GRACE_S},
     }
@@ -182,3 +198,28 @@ def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list
         answer = dlc.get_pod_logs(ref.job_id, pod.pod_id, models.GetPodLogsRequest(max_lines=max_lines)).body
         lines += [f"[{pod.pod_id}] {line}" for line in answer.logs or []]
     return lines
+
+
+def _detect_topology(environ: Mapping[str, str], root: Path) -> PlatformTopology | None:
+    """DLC sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` (nodes), ``RANK`` (node index)
+    and ``NPROC_PER_NODE``; so may any launcher that exports node-level ranks, hence last."""
+    if not has_node_level(environ) or ("NPROC_PER_NODE" not in environ and environ.get(PLATFORM_VARIABLE) != NAME):
+        return None
+    return node_level(environ, "PAI-DLC", "NPROC_PER_NODE")
+
+
+def _elastic_note(nodes: ElasticNodes, count: int, options: SubmitConfig) -> str:
+    return elastic.whole_job(NAME, "skylift asks PAI-DLC for a fixed PodCount ({count}) and nothing elastic; a lost "
+                             "node ends or restarts the whole job, which resumes from the checkpoint")(nodes, count,
+                                                                                                      options)
+
+
+PLATFORM = Platform(
+    name=NAME,
+    title="Alibaba Cloud PAI-DLC",
+    module=__name__,
+    elastic_note=_elastic_note,
+    detect_topology=_detect_topology,
+    detect_order=80,  # MASTER_ADDR/RANK with NPROC_PER_NODE: the most generic contract
+    endpoint=lambda options: options.pai.endpoint,
+)

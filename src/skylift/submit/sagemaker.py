@@ -11,13 +11,20 @@ SageMaker stops a job with SIGTERM and SIGKILL 120 s later (``docker stop -t120`
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from skylift.config.distributed import ElasticNodes
+from skylift.config.script_environment import PLATFORM_VARIABLE
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import (
     JobRef,
     JobState,
     JobStatus,
+    Platform,
+    PlatformTopology,
     SubmitRequest,
     credentials_error,
     import_sdk,
@@ -26,11 +33,15 @@ from skylift.submit.base import (
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
-from skylift.submit.spec import JobSpec, parse_store_url
+from skylift.submit.environment import optional_integer
+from skylift.submit.spec import SHUTDOWN_MARGIN_S, JobSpec, parse_store_url
 
 __all__ = [
     "CHECKPOINT_LOCAL_PATH",
+    "MASTER_PORT",
     "OBJECT_STORES",
+    "PLATFORM",
+    "RESOURCE_CONFIG",
     "STOP_GRACE_S",
     "build",
     "logs",
@@ -40,9 +51,16 @@ __all__ = [
     "stop",
 ]
 
+NAME = "sagemaker"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 STOP_GRACE_S = 120.0
-"""``StopTrainingJob`` and spot interruptions: SIGTERM, then SIGKILL this much later."""
+"""``StopTrainingJob`` and spot interruptions: SIGTERM, then SIGKILL this much later
+(``docker stop -t120``); the workers save within it, less torchrun's shutdown margin."""
+RESOURCE_CONFIG = Path("opt/ml/input/config/resourceconfig.json")
+"""Where SageMaker tells each node ``hosts`` and ``current_host`` (under the filesystem root);
+a custom image gets no ``SM_*`` variables."""
+MASTER_PORT = 7777
+"""The port the SageMaker training toolkit uses when ``MASTER_PORT`` is unset."""
 _CHANNEL_ROOT = "/opt/ml/input/data"
 _LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 _CREDENTIALS_HINT = (
@@ -99,7 +117,7 @@ def build(job: JobSpec) -> SubmitRequest:
         "OutputDataConfig": {"S3OutputPath": options.sagemaker.output_path or f"s3://{bucket}/skylift-output/"},
         "StoppingCondition": _stopping_condition(job),
         "EnableManagedSpotTraining": options.spot,
-        "Environment": {"SKYLIFT_PLATFORM": "sagemaker", **job.envs},
+        "Environment": {PLATFORM_VARIABLE: NAME, **job.envs},
         "RetryStrategy": {"MaximumRetryAttempts": options.sagemaker.retry_attempts},
         "Tags": [{"Key": "skylift:attempt", "Value": str(job.attempt)}],
     }
@@ -216,3 +234,41 @@ def logs(ref: JobRef, endpoint_url: str | None = None, max_lines: int = 200) -> 
         host = stream["logStreamName"].removeprefix(ref.job_id + "/")
         lines += [f"[{host}] {event['message']}" for event in events.get("events", [])]
     return lines
+
+
+def _detect_topology(environ: Mapping[str, str], root: Path) -> PlatformTopology | None:
+    """Rank is the host's index in the sorted ``hosts``, the master ``hosts[0]``; port
+    ``MASTER_PORT`` if set, else 7777; one process per visible GPU."""
+    path = root / RESOURCE_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+        hosts, current = sorted(config["hosts"]), config["current_host"]
+        rank = hosts.index(current)
+    except (OSError, ValueError, KeyError) as error:
+        raise SkyliftConfigError(
+            f"{path} is not a SageMaker resource config with hosts and current_host: {error}") from None
+    nnodes = len(hosts)
+    port = optional_integer(environ, "MASTER_PORT") or MASTER_PORT
+    return PlatformTopology("SageMaker", str(path), nnodes, rank, hosts[0] if nnodes > 1 else "127.0.0.1",
+                            port if nnodes > 1 else None, grace_s=STOP_GRACE_S - SHUTDOWN_MARGIN_S)
+
+
+def _elastic_note(nodes: ElasticNodes, count: int, options: SubmitConfig) -> str:
+    return elastic.whole_job(NAME, (
+        "a SageMaker training job has a fixed ResourceConfig.InstanceCount, and a managed-spot interruption stops "
+        "every instance; SageMaker starts the {count} again and the job resumes from CheckpointConfig (SageMaker "
+        "HyperPod's elastic training is another service, not this API)"))(nodes, count, options)
+
+
+PLATFORM = Platform(
+    name=NAME,
+    title="AWS SageMaker",
+    module=__name__,
+    elastic_note=_elastic_note,
+    detect_topology=_detect_topology,
+    detect_order=90,  # a file, no variable: looked for after every platform's variables
+    endpoint=lambda options: options.sagemaker.endpoint_url,
+    stop_grace_s=STOP_GRACE_S,
+)

@@ -18,13 +18,17 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from skylift.errors import SkyliftConfigError
-from skylift.submit.base import JobRef, JobState, JobStatus, PlatformError, SubmitRequest
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
+from skylift.config.distributed import ElasticNodes
+from skylift.config.script_environment import PLATFORM_VARIABLE
+from skylift.submit.base import JobRef, JobState, JobStatus, Platform, PlatformError, PlatformTopology, SubmitRequest
+from skylift.submit.environment import integer, optional_integer
 from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
@@ -32,7 +36,9 @@ from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "logs", "problems", "send", "status", "stop", "task_yaml"]
 
-EXIT_REQUEUE = 143
+NAME = "skypilot"
+MASTER_PORT = 29500
+"""torchrun's default port, used when ``MASTER_PORT`` is unset."""
 _STATES: dict[str, JobState] = {
     "PENDING": "pending", "STARTING": "pending", "SUBMITTED": "pending", "RUNNING": "running",
     "RECOVERING": "running", "CANCELLING": "running", "SUCCEEDED": "succeeded", "CANCELLED": "stopped",
@@ -60,7 +66,7 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
 
 def build(job: JobSpec) -> SubmitRequest:
     options = job.options
-    require([*request_problems("skypilot", options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
+    require([*request_problems(NAME, options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
              *elastic.problems(job)])
     resources: dict[str, Any] = {
         "image_id": f"docker:{options.image}",
@@ -83,15 +89,15 @@ def build(job: JobSpec) -> SubmitRequest:
         "name": job.name,
         "num_nodes": options.instance_count,
         "resources": resources,
-        "envs": {} if "SKYLIFT_PLATFORM" in job.envs else {"SKYLIFT_PLATFORM": "skypilot"},
+        "envs": {} if PLATFORM_VARIABLE in job.envs else {PLATFORM_VARIABLE: NAME},
         # Every submit.envs value is secret, whatever its name.
         **({"secrets": job.envs} if job.envs else {}),
         # The image holds everything; setup only proves it can start skylift.
         "setup": "skylift --version",
         "run": job.shell_command(),
     }
-    return SubmitRequest("skypilot", "sky jobs launch", "SkyPilot API server (sky jobs)", task,
-                         notes=elastic.notes("skypilot", job), secret_envs=job.envs)
+    return SubmitRequest(NAME, "sky jobs launch", "SkyPilot API server (sky jobs)", task,
+                         notes=elastic.notes(NAME, job), secret_envs=job.envs)
 
 
 def _is_accelerator(name: str) -> bool:
@@ -128,7 +134,7 @@ def send(request: SubmitRequest, options: SubmitConfig) -> JobRef:
         path = Path(folder) / "task.yaml"
         path.write_text(task_yaml(request))
         _run("jobs", "launch", "--yes", "--detach-run", "--name", request.body["name"], str(path))
-    return JobRef("skypilot", "jobs", request.body["name"])
+    return JobRef(NAME, "jobs", request.body["name"])
 
 
 def status(ref: JobRef, endpoint: str | None = None) -> JobStatus:
@@ -147,3 +153,35 @@ def stop(ref: JobRef, endpoint: str | None = None) -> None:
 
 def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list[str]:
     return _run("jobs", "logs", "--no-follow", "--name", ref.job_id).splitlines()[-max_lines:]
+
+
+def _detect_topology(environ: Mapping[str, str], root: Path) -> PlatformTopology | None:
+    """SkyPilot sets ``SKYPILOT_NODE_IPS`` (head first), ``SKYPILOT_NODE_RANK``,
+    ``SKYPILOT_NUM_NODES`` and ``SKYPILOT_NUM_GPUS_PER_NODE``; port ``MASTER_PORT`` if set,
+    else 29500."""
+    if "SKYPILOT_NUM_NODES" not in environ:
+        return None
+    nnodes = integer(environ, "SKYPILOT_NUM_NODES")
+    ips = environ.get("SKYPILOT_NODE_IPS", "").split()
+    address = ips[0] if ips and nnodes > 1 else "127.0.0.1"
+    port = optional_integer(environ, "MASTER_PORT") or MASTER_PORT
+    return PlatformTopology("SkyPilot", "SKYPILOT_* variables", nnodes, integer(environ, "SKYPILOT_NODE_RANK"),
+                            address, port if nnodes > 1 else None,
+                            optional_integer(environ, "SKYPILOT_NUM_GPUS_PER_NODE") or None)
+
+
+def _elastic_note(nodes: ElasticNodes, count: int, options: SubmitConfig) -> str:
+    return elastic.whole_job(NAME, "a SkyPilot managed job relaunches the whole cluster after a preemption "
+                             "(skypilot-org/skypilot#3907): its {count} nodes start again and resume from the "
+                             "checkpoint root")(nodes, count, options)
+
+
+PLATFORM = Platform(
+    name=NAME,
+    title="SkyPilot",
+    module=__name__,
+    elastic_note=_elastic_note,
+    detect_topology=_detect_topology,
+    detect_order=20,  # SKYPILOT_* variables are SkyPilot's alone
+    request_format="yaml",
+)

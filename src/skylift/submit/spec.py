@@ -27,6 +27,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.submit.checks import common_problems, parse_store_url, request_problems, require
 
 __all__ = [
+    "SHUTDOWN_MARGIN_S",
     "JobSpec",
     "endpoint_for",
     "job_from_inputs",
@@ -37,7 +38,8 @@ __all__ = [
     "with_flags",
 ]
 
-_SHUTDOWN_MARGIN_S = 10.0
+SHUTDOWN_MARGIN_S = 10.0
+"""Seconds left for torchrun to stop its workers after their save window, inside a platform's kill time."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class JobSpec:
         """
         if self.grace_s is not None:
             return {}
-        return {"preemption.grace_s": f"{max(5.0, kill_after_s - _SHUTDOWN_MARGIN_S):g}"}
+        return {"preemption.grace_s": f"{max(5.0, kill_after_s - SHUTDOWN_MARGIN_S):g}"}
 
     def shell_command(self, overrides: dict[str, str] | None = None) -> str:
         return shlex.join(self.command(overrides))
@@ -144,8 +146,9 @@ def with_flags(options: SubmitConfig, **flags: Any) -> SubmitConfig:
 
 def endpoint_for(options: SubmitConfig, platform: str) -> str | None:
     """The endpoint (Kubernetes: kube context) ``submit`` used, for the follow-up calls."""
-    return {"sagemaker": options.sagemaker.endpoint_url, "pai": options.pai.endpoint,
-            "tione": options.tione.endpoint, "k8s": options.kubernetes.context}.get(platform)
+    from skylift.submit.base import platform_info
+
+    return platform_info(platform).endpoint(options)
 
 
 def job_from_inputs(config_path: str, overrides: list[str] | tuple[str, ...], flags: dict[str, Any],

@@ -20,11 +20,26 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta, timezone
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from skylift.config.distributed import ElasticNodes
+from skylift.config.script_environment import PLATFORM_VARIABLE
 from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
-from skylift.submit.base import JobRef, JobState, JobStatus, SubmitRequest, credentials_error, guarded, import_sdk
+from skylift.submit.base import (
+    JobRef,
+    JobState,
+    JobStatus,
+    Platform,
+    PlatformTopology,
+    SubmitRequest,
+    credentials_error,
+    guarded,
+    import_sdk,
+)
+from skylift.submit.environment import has_node_level, node_level
 from skylift.cloud.redact import is_secret_name
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit import elastic
@@ -44,6 +59,7 @@ _CREDENTIALS_HINT = (
 )
 
 
+NAME = "tione"
 OBJECT_STORES = ("cos",)
 """Where TI-ONE reads the data from (and skylift writes the checkpoints to)."""
 
@@ -77,7 +93,7 @@ def build(job: JobSpec) -> SubmitRequest:
              *elastic.problems(job)])
     checkpoint_uri = job.checkpoint_root
     data_configs, overrides = _data_configs(job)
-    envs = {"SKYLIFT_PLATFORM": "tione", "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
+    envs = {PLATFORM_VARIABLE: NAME, "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
             **job.envs}
     _, bucket, key = parse_store_url(checkpoint_uri)
     body: dict[str, Any] = {
@@ -179,3 +195,29 @@ def logs(ref: JobRef, endpoint: str | None = None, max_lines: int = 200) -> list
              "EndTime": end.isoformat(timespec="seconds")}
     answer = client(ref.location, endpoint).DescribeLogs(_request("DescribeLogsRequest", query))
     return [f"[{entry.PodName}] {entry.Message}" for entry in answer.Content or []]
+
+
+def _detect_topology(environ: Mapping[str, str], root: Path) -> PlatformTopology | None:
+    """TI-ONE sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` (nodes), ``RANK`` (node
+    index), ``GPU_NUM_PER_NODE`` and ``NODE_LIST``."""
+    marked = environ.get(PLATFORM_VARIABLE) == NAME or "GPU_NUM_PER_NODE" in environ or "NODE_LIST" in environ
+    if not has_node_level(environ) or not marked:
+        return None
+    return node_level(environ, "TI-ONE", "GPU_NUM_PER_NODE")
+
+
+def _elastic_note(nodes: ElasticNodes, count: int, options: SubmitConfig) -> str:
+    return elastic.whole_job(NAME, "TI-ONE fails a DDP task when any instance exits non-zero, so a lost node ends "
+                             "the task of {count}; the resubmitted task resumes from the checkpoint")(nodes, count,
+                                                                                                     options)
+
+
+PLATFORM = Platform(
+    name=NAME,
+    title="Tencent Cloud TI-ONE",
+    module=__name__,
+    elastic_note=_elastic_note,
+    detect_topology=_detect_topology,
+    detect_order=70,  # before PAI-DLC: the same variables, with TI-ONE's own beside them
+    endpoint=lambda options: options.tione.endpoint,
+)

@@ -249,3 +249,26 @@ def test_a_printed_dockerfile_says_where_the_wheel_comes_from(tmp_path, monkeypa
     captured = capsys.readouterr()
     assert "COPY skylift-wheel/skylift-0.1.0-py3-none-any.whl" in captured.out
     assert "--out writes it" in captured.err and not (tmp_path / "skylift-wheel").exists()
+
+
+def test_the_docs_dockerfile_transcript_is_what_the_command_writes(tmp_path, monkeypatch, capsys):
+    """docs/keep-your-script.md shows `skylift dockerfile` for a script project: a fresh run prints it."""
+    import re
+
+    import torch
+
+    from skylift.cli.main import main
+
+    page = (REPO_ROOT / "docs" / "keep-your-script.md").read_text(encoding="utf-8")
+    shown = re.search(r"```console\n(\$ skylift dockerfile --out Dockerfile -- python train\.py --epochs 3\n.*?)```",
+                      page, re.S).group(1)
+    if "torch 2.14.1+cu130 bundles" in shown and torch.__version__ != "2.14.1+cu130":
+        pytest.skip(f"the page shows torch 2.14.1+cu130's image; this torch is {torch.__version__}")
+    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "requirements.txt").write_text("transformers==5.24.0\ndatasets==4.4.1\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["dockerfile", "--out", "Dockerfile", "--", "python", "train.py", "--epochs", "3"]) == 0
+    printed = capsys.readouterr().out
+    fresh = ("$ skylift dockerfile --out Dockerfile -- python train.py --epochs 3\n" + printed
+             + "$ cat Dockerfile\n" + (tmp_path / "Dockerfile").read_text())
+    assert fresh == shown

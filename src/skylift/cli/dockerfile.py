@@ -52,7 +52,7 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     written = write_files(text, Path(args.out), force=args.force)
     if spec.skylift_wheel:
-        written.append(write_skylift_wheel((project / spec.skylift_wheel).parent))
+        written.append(write_skylift_wheel(Path(spec.skylift_wheel).parent))  # relative: the project is the cwd
     for path in written:
         print(f"wrote {path}")
     return 0

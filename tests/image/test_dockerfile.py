@@ -20,6 +20,7 @@ SPECS = {
         torch_version="2.14.1+cu130",
         constraint_file="requirements/constraints.txt",
         has_pyproject=True,
+        project_is_skylift=True,
         config_path="examples/quickstart.yaml",
         shm_size_gib=3,
     ),
@@ -28,11 +29,9 @@ SPECS = {
         torch_version="2.14.1",
         torch_cuda="12.8",
         requirement_file="requirements.txt",
-        project_lists_skylift=False,
     ),
     "script": ImageSpec(
         requirement_file="requirements.txt",
-        project_lists_skylift=False,
         script=("python", "train.py", "--epochs", "3"),
     ),
 }
@@ -67,7 +66,9 @@ def test_the_cuda_base_follows_torchs_cuda_and_installs_python():
     structure = _parsed(text)
     assert _instruction(structure, "FROM") == ["nvidia/cuda:12.8.1-runtime-ubuntu24.04"]
     assert "pip install --no-cache-dir -r requirements.txt" in " ".join(_instruction(structure, "RUN"))
-    assert "skylift==" in text  # not among the project's requirements
+    # skylift is on no package index: the image installs the wheel written into the build context
+    assert "skylift==" not in text
+    assert "pip install --no-cache-dir skylift-wheel/skylift-0.1.0-py3-none-any.whl" in text
     assert "PIP_EXTRA_INDEX_URL" not in text  # PyPI's default torch wheel
 
 
@@ -119,7 +120,8 @@ def test_the_entry_point_answers_sagemakers_train_and_passes_overrides(tmp_path)
 def test_image_spec_reads_this_project():
     spec = image_spec(REPO_ROOT, config_path=str(REPO_ROOT / "examples" / "quickstart.yaml"))
     assert spec.constraint_file == "requirements/constraints.txt" and spec.has_pyproject
-    assert spec.project_lists_skylift and spec.config_path == "examples/quickstart.yaml"
+    assert spec.project_is_skylift and spec.config_path == "examples/quickstart.yaml"
+    assert spec.skylift_wheel is None  # its own checkout installs from source: pip install .
 
 
 def test_a_config_outside_the_project_is_refused(tmp_path):
@@ -164,9 +166,11 @@ def test_a_script_project_gets_its_dependencies_and_the_script_as_entry_point(de
     runs = " ".join(_instruction(structure, "RUN"))
     if dependencies == "requirements.txt":
         assert "pip install --no-cache-dir -r requirements.txt" in runs
-        assert "skylift==" in runs  # not among the project's requirements: installed beside them
     else:
-        assert "pip install --no-cache-dir ." in runs and "skylift==" not in runs
+        assert "pip install --no-cache-dir ." in runs
+    # skylift itself comes from the wheel written beside the Dockerfile, never from an index
+    assert "skylift==" not in runs
+    assert "pip install --no-cache-dir skylift-wheel/skylift-0.1.0-py3-none-any.whl" in runs
     entrypoint = json.loads(_instruction(structure, "ENTRYPOINT")[0])
     assert "exec skylift launch " in entrypoint[2] and "-- python train.py --epochs 3 \"$@\"" in entrypoint[2]
     assert (tmp_path / ".dockerignore").is_file()
@@ -181,3 +185,90 @@ def test_a_script_outside_the_project_or_missing_is_refused(tmp_path):
         image_spec(tmp_path / "project", script=["python", "train.py"])
     module = image_spec(tmp_path / "project", script=["-m", "trl.scripts.sft"])
     assert module.script == ("python", "-m", "trl.scripts.sft")
+
+
+def _copy_sources(structure: list[dict]) -> list[str]:
+    sources = []
+    for value in _instruction(structure, "COPY"):
+        words = [word for word in value.split() if not word.startswith("--")]
+        sources += words[:-1]
+    return sources
+
+
+def test_every_file_the_dockerfile_installs_is_in_the_build_context(tmp_path, monkeypatch):
+    """A project that lists skylift (on no index yet) gets an image whose every COPY resolves,
+    and the skylift wheel it installs runs ``skylift --help`` outside any checkout."""
+    from skylift.cli.main import main
+
+    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "requirements.txt").write_text("skylift\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["dockerfile", "--out", "Dockerfile", "--", "python", "train.py"]) == 0
+    structure = _parsed((tmp_path / "Dockerfile").read_text())
+    missing = [source for source in _copy_sources(structure) if not (tmp_path / source).exists()]
+    assert missing == []
+    wheel = tmp_path / "skylift-wheel" / "skylift-0.1.0-py3-none-any.whl"
+    runs = _instruction(structure, "RUN")
+    # the wheel before the requirements that name skylift, so pip finds it installed
+    assert [run for run in runs if "skylift-wheel/" in run or "-r requirements.txt" in run] == [
+        "pip install --no-cache-dir skylift-wheel/skylift-0.1.0-py3-none-any.whl",
+        "pip install --no-cache-dir -r requirements.txt",
+    ]
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-index",
+                    "--target", str(target), str(wheel)], check=True, timeout=120)
+    # the package data a wheel install needs (catalog and published-measurement tables)
+    for data in ("catalog/instances.csv", "plan/published.csv", "plan/published_structure.csv"):
+        assert (target / "skylift" / data).is_file(), data
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_text = archive.read("skylift-0.1.0.dist-info/METADATA").decode()
+        assert not [name for name in archive.namelist() if "__pycache__" in name]
+    assert "Requires-Dist: torch==" in metadata_text  # the image gets skylift's dependencies
+    installed = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target)}
+    result = subprocess.run([sys.executable, "-c", "import skylift; print(skylift.__file__)"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, env=installed)
+    assert result.stdout.strip() == str(target / "skylift" / "__init__.py"), result.stderr  # not this checkout
+    result = subprocess.run([sys.executable, "-m", "skylift", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env=installed)
+    assert result.returncode == 0 and "usage: skylift" in result.stdout, result.stderr
+    # the same skylift gives the same bytes: Docker's layer cache holds
+    first = wheel.read_bytes()
+    from skylift.image.wheel import write_skylift_wheel
+
+    assert write_skylift_wheel(tmp_path / "again").read_bytes() == first
+
+
+def test_a_printed_dockerfile_says_where_the_wheel_comes_from(tmp_path, monkeypatch, capsys):
+    from skylift.cli.main import main
+
+    (tmp_path / "train.py").write_text("print('training')\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["dockerfile", "--", "python", "train.py"]) == 0
+    captured = capsys.readouterr()
+    assert "COPY skylift-wheel/skylift-0.1.0-py3-none-any.whl" in captured.out
+    assert "--out writes it" in captured.err and not (tmp_path / "skylift-wheel").exists()
+
+
+def test_the_docs_dockerfile_transcript_is_what_the_command_writes(tmp_path, monkeypatch, capsys):
+    """docs/keep-your-script.md shows `skylift dockerfile` for a script project: a fresh run prints it."""
+    import re
+
+    import torch
+
+    from skylift.cli.main import main
+
+    page = (REPO_ROOT / "docs" / "keep-your-script.md").read_text(encoding="utf-8")
+    shown = re.search(r"```console\n(\$ skylift dockerfile --out Dockerfile -- python train\.py --epochs 3\n.*?)```",
+                      page, re.S).group(1)
+    if "torch 2.14.1+cu130 bundles" in shown and torch.__version__ != "2.14.1+cu130":
+        pytest.skip(f"the page shows torch 2.14.1+cu130's image; this torch is {torch.__version__}")
+    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "requirements.txt").write_text("transformers==5.24.0\ndatasets==4.4.1\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["dockerfile", "--out", "Dockerfile", "--", "python", "train.py", "--epochs", "3"]) == 0
+    printed = capsys.readouterr().out
+    fresh = ("$ skylift dockerfile --out Dockerfile -- python train.py --epochs 3\n" + printed
+             + "$ cat Dockerfile\n" + (tmp_path / "Dockerfile").read_text())
+    assert fresh == shown

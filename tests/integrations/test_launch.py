@@ -28,7 +28,7 @@ from skylift.errors import EXIT_REQUEUE
 from skylift.integrations.checkpoints import verify_folder
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT
-from tests.integrations import hf_job, lightning_job
+from examples.integrations import hf_job, lightning_job
 from tests.integrations.records import losses_by_step, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -135,7 +135,7 @@ def _config(path: Path, run_dir: Path, *extra: str, report: bool = True) -> str:
 
 
 def test_hugging_face_trainer_notice_checkpoint_exit_143_and_exact_resume(tmp_path):
-    script = "tests/integrations/hf_job.py"
+    script = "examples/integrations/hf_job.py"
     output_dir, run_dir = tmp_path / "out", tmp_path / "run"
     args = [str(output_dir), _config(tmp_path / "run.yaml", run_dir)]
     output_dir.mkdir()
@@ -160,7 +160,7 @@ def test_hugging_face_trainer_notice_checkpoint_exit_143_and_exact_resume(tmp_pa
 
 
 def test_lightning_notice_checkpoint_exit_143_and_resume_from_it(tmp_path):
-    script = "tests/integrations/lightning_job.py"
+    script = "examples/integrations/lightning_job.py"
     run_dir = tmp_path / "run"
     args = [_config(tmp_path / "run.yaml", run_dir, "checkpoint:", "  every_steps: 8")]
     run_dir.mkdir()

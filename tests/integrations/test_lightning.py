@@ -16,7 +16,7 @@ from skylift.config.load import load_config
 from skylift.errors import EXIT_REQUEUE
 from skylift.integrations.checkpoints import verify_folder
 from skylift.integrations.lightning import CHECKPOINT_FILE, SkyliftCallback, resume_checkpoint
-from tests.integrations import lightning_job
+from examples.integrations import lightning_job
 from tests.integrations.records import losses_by_step, records
 
 LEAN = ("preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false", "monitor.system_interval_s=0",

@@ -23,7 +23,7 @@ from skylift.config.load import load_config
 from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.integrations.checkpoints import verify_folder
 from skylift.integrations.transformers import SkyliftCallback, resume_checkpoint
-from tests.integrations import hf_job
+from examples.integrations import hf_job
 from tests.integrations.records import losses_by_step, records
 
 LEAN = ("preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false", "monitor.system_interval_s=0")

@@ -1,4 +1,5 @@
-"""The docs' ``skylift submit --dry-run`` examples (docs/submit/*.md) print what skylift prints."""
+"""The docs' ``skylift submit --dry-run`` examples (docs/submit/*.md and the walk-through
+docs/first-spot-job.md) print what skylift prints."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ _STAMP = re.compile(r"\d{8}-\d{6}")  # the UTC time in each job name
 
 
 def _examples() -> list[tuple[str, str]]:
-    text = "\n".join(page.read_text(encoding="utf-8") for page in sorted(DOCS.glob("*.md")))
+    pages = [*sorted(DOCS.glob("*.md")), DOCS.parent / "first-spot-job.md"]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     return [(command.replace("\\\n", " "), output) for command, output in _EXAMPLE.findall(text)
             if "--dry-run" in command.split(" -- ")[0]]
 

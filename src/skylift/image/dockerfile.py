@@ -9,6 +9,10 @@ Choices, and why:
   (https://nvidia.github.io/container-wiki/toolkit/container-images.html)
 * Dependencies install from the project's own files, pinned by its constraints file,
   before the source is copied, so a code change does not reinstall torch.
+* skylift is on no package index yet: the image installs the wheel of the skylift that
+  wrote the Dockerfile (:mod:`skylift.image.wheel`, written into ``skylift-wheel/`` of the
+  build context), before the project's requirements, so a project that lists ``skylift``
+  finds it installed. The skylift checkout itself installs from its own source.
 * The entry point is exec-form so SIGTERM reaches skylift (preemption saves), and it
   accepts SageMaker's ``docker run IMAGE train``. On SageMaker
   (``/opt/ml/input/config/resourceconfig.json`` exists) checkpoints go to
@@ -88,13 +92,23 @@ class ImageSpec:
     constraint_file: str | None = None
     requirement_file: str | None = None
     has_pyproject: bool = False
-    project_lists_skylift: bool = True
+    project_is_skylift: bool = False
+    """The project is skylift's own checkout: ``pip install .`` installs it, no wheel needed."""
     skylift_version: str = "0.1.0"
     config_path: str | None = None
     shm_size_gib: int | None = None
     script: tuple[str, ...] | None = None
     """A script project's command in the image (``python train.py ARGS``): the entry point
     runs it under ``skylift launch`` instead of ``skylift run CONFIG``."""
+
+    @property
+    def skylift_wheel(self) -> str | None:
+        """The skylift wheel's path in the build context; None for skylift's own checkout."""
+        if self.project_is_skylift:
+            return None
+        from skylift.image.wheel import WHEEL_FOLDER, wheel_name
+
+        return f"{WHEEL_FOLDER}/{wheel_name(self.skylift_version)}"
 
     @property
     def wheel_index(self) -> str | None:
@@ -133,7 +147,7 @@ def image_spec(project: Path, *, base: str = "python", config_path: str | None =
         constraint_file=_first_existing(project, _CONSTRAINT_FILES),
         requirement_file=_first_existing(project, _REQUIREMENT_FILES),
         has_pyproject=(project / "pyproject.toml").is_file(),
-        project_lists_skylift=_mentions_skylift(project),
+        project_is_skylift=_is_skylift(project),
         skylift_version=__version__,
         config_path=_inside(project, config_path) if config_path else None,
         shm_size_gib=_shm_size_gib(config_path),
@@ -145,12 +159,11 @@ def _first_existing(project: Path, names: tuple[str, ...]) -> str | None:
     return next((name for name in names if (project / name).is_file()), None)
 
 
-def _mentions_skylift(project: Path) -> bool:
-    """The project is skylift, or names it among its dependencies."""
-    texts = [
-        (project / name).read_text() for name in ("pyproject.toml", *_REQUIREMENT_FILES) if (project / name).is_file()
-    ]
-    return any(re.search(r"(^|[\s\"'])skylift\b", text, re.MULTILINE) for text in texts)
+def _is_skylift(project: Path) -> bool:
+    """The project is skylift's own checkout (its pyproject names the project skylift)."""
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8") if pyproject.is_file() else ""
+    return re.search(r"""^name\s*=\s*["']skylift["']""", text, re.MULTILINE) is not None
 
 
 def _inside(project: Path, config_path: str) -> str:
@@ -243,22 +256,24 @@ def _environment(spec: ImageSpec) -> list[str]:
 def _install(spec: ImageSpec) -> list[str]:
     pin = f"-c {spec.constraint_file} " if spec.constraint_file else ""
     lines = ["# Dependencies before the source, so editing code does not reinstall them."]
-    early = [name for name in (spec.constraint_file, spec.requirement_file) if name]
-    lines += [f"COPY {name} {name}" for name in early]
+    if spec.constraint_file:
+        lines.append(f"COPY {spec.constraint_file} {spec.constraint_file}")
+    # torch is most of the image: its own layer survives changes to the project and to skylift.
+    lines.append(f"RUN pip install --no-cache-dir {pin}torch=={spec.torch_version.split('+')[0]}")
+    wheel = spec.skylift_wheel
+    if wheel:
+        lines += [
+            "# skylift from the wheel `skylift dockerfile` wrote into the build context (skylift is on",
+            "# no package index yet), before the project's requirements, which may list skylift.",
+            f"COPY {wheel} {wheel}",
+            f"RUN pip install --no-cache-dir {pin}{wheel}",
+        ]
     if spec.requirement_file:
+        lines.append(f"COPY {spec.requirement_file} {spec.requirement_file}")
         lines.append(f"RUN pip install --no-cache-dir {pin}-r {spec.requirement_file}")
-    torch = f"torch=={spec.torch_version.split('+')[0]}"
-    if spec.has_pyproject:
-        # torch is most of the image: its own layer survives changes to the project.
-        lines.append(f"RUN pip install --no-cache-dir {pin}{torch}")
-    extra = "" if spec.project_lists_skylift else f" skylift=={spec.skylift_version}"
-    if not spec.project_lists_skylift:
-        lines.append("# skylift is not among the project's dependencies: it must resolve from your package index.")
     lines.append(f"COPY --chown={_UID}:{_UID} . .")
     if spec.has_pyproject:
-        lines.append(f"RUN pip install --no-cache-dir {pin}.{extra}")
-    elif extra or not spec.requirement_file:
-        lines.append(f"RUN pip install --no-cache-dir {pin}{torch}{extra}")
+        lines.append(f"RUN pip install --no-cache-dir {pin}.")
     return [*lines, ""]
 
 

@@ -2,7 +2,7 @@
 
 Importable (the in-process tests) and a script for ``skylift launch``::
 
-    skylift launch --nproc 2 -- python tests/integrations/lightning_job.py CONFIG [PAUSE_AT_STEP]
+    skylift launch --nproc 2 -- python examples/integrations/lightning_job.py CONFIG [PAUSE_AT_STEP]
 
 ``PAUSE_AT_STEP`` (script only): rank 0 writes ``RUN_DIR/paused-at`` at that step and
 waits for ``RUN_DIR/go`` before skylift's callback sees the step end, so a test can arm

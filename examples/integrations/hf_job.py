@@ -2,7 +2,7 @@
 
 Importable (the in-process tests) and a script for ``skylift launch``::
 
-    skylift launch --nproc 2 -- python tests/integrations/hf_job.py OUTPUT_DIR CONFIG [PAUSE_AT_STEP]
+    skylift launch --nproc 2 -- python examples/integrations/hf_job.py OUTPUT_DIR CONFIG [PAUSE_AT_STEP]
 
 The data are generated: 12 token ids a sample, the label says whether the first one is in
 the upper half of the vocabulary. ``PAUSE_AT_STEP`` (script only): rank 0 writes

@@ -54,12 +54,16 @@ def _rank(rank: int, worker: Callable[..., None], world_size: int, port: int, *a
     exit_cleanly(0)
 
 
-def join(rank: int, world_size: int, port: int) -> None:
-    """Join the group whose store :func:`spawn_ranks` holds on ``port``, over gloo."""
+def join(rank: int, world_size: int, port: int, timeout_s: float | None = None) -> None:
+    """Join the group whose store :func:`spawn_ranks` holds on ``port``, over gloo (its
+    collectives time out after ``timeout_s``, torch's default when ``None``)."""
+    import datetime
+
     import torch.distributed as dist
 
     faulthandler.enable()  # a rank that aborts (a C++ terminate in gloo) prints every thread's stack
     os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     store = dist.TCPStore(HOST, port, world_size, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)

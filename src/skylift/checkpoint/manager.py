@@ -39,6 +39,7 @@ from skylift.checkpoint.manifest import (
 from skylift.checkpoint.state import Snapshot
 from skylift.checkpoint.tiers import LocalTier
 from skylift.checkpoint.timeline import Forks, retain
+from skylift.loop.collectives import collective
 from skylift.storage import Store
 from skylift.storage.base import Chunks
 
@@ -285,7 +286,8 @@ class CheckpointManager:
             if not decision[0]:
                 self._discard(step, store)
         if self.world_size > 1:
-            dist.broadcast_object_list(decision, src=0, group=self._group)
+            with collective("the checkpoint commit decision (broadcast from rank 0)"):
+                dist.broadcast_object_list(decision, src=0, group=self._group)
         local_copy = self.tier is not None and store is self.tier.store
         if local_copy and self.rank != 0 and self.tier.node_leader:
             # Other nodes' local copies: their ranks' files are in place, so commit them too.
@@ -329,7 +331,8 @@ class CheckpointManager:
         if self.world_size == 1:
             return [report]
         reports: list[Any] = [None] * self.world_size
-        dist.all_gather_object(reports, report, group=self._group)
+        with collective("the checkpoint write reports (all_gather)"):
+            dist.all_gather_object(reports, report, group=self._group)
         return reports
 
 

@@ -37,6 +37,7 @@ from skylift.checkpoint.tiers import LocalTier, read_with_fallback
 from skylift.config.schema import CheckpointConfig
 from skylift.errors import SkyliftConfigError, SkyliftError
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
+from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.storage import StorageError, Store, open_store
@@ -409,7 +410,8 @@ class Checkpointing:
         if not self.context.is_distributed:
             return [value]
         values: list[Any] = [None] * self.context.world_size
-        dist.all_gather_object(values, value, group=self._control_group)
+        with collective("the checkpoint session's exchange (all_gather)"):
+            dist.all_gather_object(values, value, group=self._control_group)
         return values
 
     def _local_tier(self, config: CheckpointConfig, context: DistributedContext) -> LocalTier | None:
@@ -448,7 +450,8 @@ class Checkpointing:
         import torch
 
         flag = torch.tensor([float(busy)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
+        with collective("the check for a save still being written (all_reduce)"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control_group)
         return bool(flag.item())
 
     def _on_save_failure(self, error: str) -> None:
@@ -459,7 +462,8 @@ class Checkpointing:
         if not self.context.is_distributed:
             return value
         holder = [value]
-        dist.broadcast_object_list(holder, src=0, group=self._control_group)
+        with collective("the checkpoint session's broadcast from rank 0"):
+            dist.broadcast_object_list(holder, src=0, group=self._control_group)
         return holder[0]
 
 

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skylift.loop.collectives import collective
+
 __all__ = ["step_micro_batches"]
 
 
@@ -55,7 +57,8 @@ def step_micro_batches(fetch: Callable[[], Any], recipe: Any, *, accumulation_st
     counts = [torch.as_tensor(first_count), *(torch.as_tensor(count_of(batch)) for batch in batches[1:])]
     step_count = torch.stack(counts).sum().to(torch.int64)
     if distributed:
-        dist.all_reduce(step_count, op=dist.ReduceOp.SUM)
+        with collective("the step's labelled-token count (all_reduce)"):
+            dist.all_reduce(step_count, op=dist.ReduceOp.SUM)
     # A step without a single labelled token gives every micro-batch weight 0, not 0/0.
     step_count = step_count.clamp(min=1)
     for batch, count in zip(batches, counts, strict=True):

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skylift.loop.collectives import collective
+
 __all__ = ["Decision", "StepAgreement", "StopReason"]
 
 
@@ -90,7 +92,8 @@ class StepAgreement:
         agreed = Decision()
         if self._pending is not None:
             work, values = self._pending
-            work.wait()
+            with collective("the step agreement (all_reduce of stop and save requests)"):
+                work.wait()
             agreed = _decode(values)
         values = local.clone()
         self._pending = (dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self._group, async_op=True), values)
@@ -102,7 +105,8 @@ class StepAgreement:
             return Decision()
         work, values = self._pending
         self._pending = None
-        work.wait()
+        with collective("the step agreement (all_reduce of stop and save requests)"):
+            work.wait()
         return _decode(values)
 
     def _local_decision(self) -> Decision:

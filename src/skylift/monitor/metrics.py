@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from skylift.loop.collectives import collective
 from skylift.loop.events import Callback, TrainState
 from skylift.monitor.schema import BREAKDOWN_PHASES
 from skylift.run_dir import RunDirectory
@@ -178,7 +179,8 @@ class MetricsLogger(Callback):
             return
         values = torch.stack(self._pending_tensors)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            with collective("the metrics flush (all_reduce)"):
+                dist.all_reduce(values, op=dist.ReduceOp.SUM)
             values /= dist.get_world_size()
         rows = values.tolist()
         by_rank = self._gather_breakdowns()
@@ -225,7 +227,8 @@ class MetricsLogger(Callback):
             return
         values = torch.cat([entry[2] for entry in pending])
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            with collective("the metrics flush (all_reduce)"):
+                dist.all_reduce(values, op=dist.ReduceOp.SUM)
             values /= dist.get_world_size()
         flat = iter(values.tolist())
         for record, names, _ in pending:
@@ -244,7 +247,8 @@ class MetricsLogger(Callback):
         if dist.is_available() and dist.is_initialized():
             # float64: FLOP counts are integers, exact below 2**53 (9e15 per step per rank).
             summed = torch.tensor(counted, dtype=torch.float64, device=device)
-            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+            with collective("the FLOP count (all_reduce)"):
+                dist.all_reduce(summed, op=dist.ReduceOp.SUM)
             counted = (summed / dist.get_world_size()).tolist()
         return [None] * (steps - len(counted)) + counted
 
@@ -265,7 +269,8 @@ class MetricsLogger(Callback):
         device = self._pending_tensors[0].device if self._pending_tensors else local.device
         local = local.to(device)
         gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, local)
+        with collective("the metrics gather (all_gather)"):
+            dist.all_gather(gathered, local)
         per_rank = torch.stack(gathered, dim=1).cpu().tolist()  # [step][rank][phase]
         return [[{phase: round(v, 6) for phase, v in zip(BREAKDOWN_PHASES, rank, strict=True)} for rank in step]
                 for step in per_rank]
@@ -277,7 +282,8 @@ class MetricsLogger(Callback):
         with self._lock:
             mine, self._remote = self._remote, []
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
+        with collective("the metrics gather of remote records (all_gather)"):
+            dist.all_gather_object(gathered, mine)
         return [record for records in gathered if records for record in records] if self.is_writer else []
 
     def _write(self, record: dict[str, Any]) -> None:

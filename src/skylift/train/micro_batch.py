@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from skylift.errors import SkyliftConfigError
+from skylift.loop.collectives import collective
 
 __all__ = ["MicroBatchChoice", "Trial", "choose_micro_batch", "pending_state_bytes", "slice_batch"]
 
@@ -262,7 +263,8 @@ def _agree(size: int, runtime: Any) -> int:
         return size
     device = runtime.device if runtime.dist.backend == "nccl" else torch.device("cpu")
     value = torch.tensor([size], dtype=torch.long, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    with collective("the micro-batch agreement (all_reduce MIN)"):
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return int(value.item())
 
 

@@ -35,9 +35,10 @@ from torch import nn
 
 from skylift.config.distributed import FsdpConfig
 from skylift.errors import SkyliftConfigError
+from skylift.loop.collectives import collective
 from skylift.train.placement import Placement
-from skylift.train.sharding_options import check_sharding_options
 from skylift.train.precision import PrecisionPolicy
+from skylift.train.sharding_options import check_sharding_options
 
 __all__ = [
     "DEFAULT_BLOCK_TYPES",
@@ -397,7 +398,8 @@ def global_grad_norm(gradients: list[torch.Tensor], device: torch.device, *, sha
         squares = torch.zeros((), dtype=torch.float64, device=device)
     if sharded and dist.get_world_size() > 1:
         on_reduce_device = squares.to(reduce_device)
-        dist.all_reduce(on_reduce_device, op=dist.ReduceOp.SUM)
+        with collective("the gradient norm (all_reduce)"):
+            dist.all_reduce(on_reduce_device, op=dist.ReduceOp.SUM)
         squares = on_reduce_device.to(device)
     return squares.sqrt().float()
 
@@ -431,7 +433,8 @@ def lockstep(batches: Iterable[Any], device: torch.device, rank: int) -> Iterato
     while True:
         batch = next(iterator, _END)
         flags = torch.tensor([batch is not _END, batch is _END and last is _END], dtype=torch.int32, device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        with collective("the end-of-data agreement (all_reduce)"):
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         any_left, some_rank_empty = bool(flags[0]), bool(flags[1])
         if not any_left:
             return

@@ -92,7 +92,8 @@ class FolderMirror:
         folder = self.folder_name(step)
         for name, expected in entries.items():
             key = f"{folder}/{name}"
-            hashed, actual = hashing(wrap(lambda path=self.local.path(key): file_pieces(path)))
+            path = self.local.path(key)
+            hashed, actual = hashing(wrap(lambda path=path: file_pieces(path)))
             self.remote.write_chunks(key, hashed)
             if actual != expected:
                 raise CorruptCheckpointError(

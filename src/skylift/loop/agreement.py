@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ class StopReason(enum.IntEnum):
     label: str | None
     exit_code: int
 
-    def __new__(cls, code: int, label: str | None, exit_code: int) -> StopReason:
+    def __new__(cls, code: int, label: str | None, exit_code: int) -> Self:
         member = int.__new__(cls, code)
         member._value_ = code
         member.label = label

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -81,7 +82,13 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_over(store):
     _write_lease(store, host=socket.gethostname(), pid=int(dead.stdout))
     lease = RunLease(store, job_id="new")
     lease.acquire()
-    lease.release()
+    try:
+        holder = current_holder(store)
+        assert (holder["job_id"], holder["host"], holder["pid"]) == ("new", socket.gethostname(), os.getpid())
+        assert not holder.get("released")
+        assert lease_generations(store) == [2], "the dead holder's generation is gone, the new one above it"
+    finally:
+        lease.release()
 
 
 def test_heartbeat_refreshes_the_lease(store):

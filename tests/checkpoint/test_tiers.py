@@ -190,7 +190,7 @@ def _two_nodes(tmp_path, overrides, env, *, timeout_s=300):
     for node in (0, 1):
         args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--json",
                 "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
-                "--master-addr", "127.0.0.2", "--master-port", str(port), "--no-doctor"]  # fmt: skip
+                "--master-addr", "127.0.0.2", "--master-port", str(port), "--one-machine", "--no-doctor"]  # fmt: skip
         for override in (*EXACT, *LEAN, *overrides, f"run_dir={tmp_path / f'run-node{node}'}",
                          f"checkpoint.local_root={tmp_path / f'disk-node{node}'}"):  # fmt: skip
             args += ["--set", override]

@@ -1,7 +1,7 @@
 """Elastic ``skylift run --nnodes MIN:MAX`` agents on loopback, one process each.
 
 Every agent is a real ``python -m skylift run`` (skylift's torchrun agent and its worker)
-on 127.0.0.2, in a session of its own so a test can SIGKILL a whole node. The nodes share
+on 127.0.0.2 (``--one-machine``), in a session of its own so a test can SIGKILL a whole node. The nodes share
 the run folder and the checkpoint root, as nodes share a bucket (rank 0, on whichever
 node it lands, writes ``metrics.jsonl``); each has its own metadata endpoint, so a spot
 notice reaches one node only."""
@@ -49,7 +49,8 @@ class Agent(ProcessFamily):
     def __init__(self, folder: Path, name: str, port: int, overrides: list[str], *, node_rank: int,
                  endpoint: str = DEAD_ENDPOINT, env: dict[str, str] | None = None) -> None:
         args = [sys.executable, "-m", "skylift", "run", "examples/quickstart.yaml", "--json", "--no-doctor",
-                "--nproc", "1", "--node-rank", str(node_rank), "--master-addr", MASTER, "--master-port", str(port)]
+                "--nproc", "1", "--node-rank", str(node_rank), "--master-addr", MASTER, "--master-port", str(port),
+                "--one-machine"]
         for override in overrides:
             args += ["--set", override]
         samples = folder / "samples"

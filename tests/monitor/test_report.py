@@ -247,16 +247,6 @@ def test_attempts_split_at_run_start_records():
     assert [len(a.records) for a in split_attempts(records)] == [3, 2]
 
 
-def test_files_without_run_start_split_where_the_step_goes_back_or_after_a_preemption():
-    went_back = [_train(1), _train(2), _train(3), _train(2), _train(3)]
-    assert [a.last_step for a in split_attempts(went_back)] == [3, 3]
-    assert split_attempts(went_back)[1].resumed_from_step == 1
-    after_preemption = [_train(1), _train(2), {"kind": "preemption", "step": 2, "time": 2.5}, _train(3)]
-    attempts = split_attempts(after_preemption)
-    assert [a.outcome for a in attempts] == ["preempted", "running or killed"]
-    assert attempts[1].resumed_from_step == 2
-
-
 def test_throughput_after_a_no_op_rerun_is_the_last_attempt_that_trained(tmp_path):
     """A finished run started again trains nothing and writes 0 samples/s in its run_end:
     the report shows the throughput of the attempt that trained (attempt 2's 130), says so,

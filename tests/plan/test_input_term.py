@@ -47,9 +47,9 @@ def test_a_busy_bench_machine_does_not_move_the_gpu_prediction(workers):
         assert loaded.bound == calm.bound
 
 
-def test_a_bench_without_the_cpu_figure_falls_back_to_the_wall_time_and_says_so():
+def test_a_bench_that_could_not_time_the_input_uses_the_wall_time_and_says_so():
     old, busy = bench(), bench(data_wait_s=2 * BREAKDOWN["data_wait"])
-    assert old.input_cpu_s_per_sample is None  # what a JSON from an older bench loads as
+    assert old.input_cpu_s_per_sample is None  # a bench whose epoch was too short to time
     calm, loaded = predict_step(old, p3_16xlarge(old)), predict_step(busy, p3_16xlarge(busy))
     # In-process loading: the wall wait and copy of 256 samples, scaled to the 32 each of 8 ranks gets.
     measured_s = BREAKDOWN["data_wait"] + BREAKDOWN["host_to_device"]

@@ -129,3 +129,17 @@ def test_a_bad_plan_section_names_the_field(tmp_path):
 
     with pytest.raises(SkyliftConfigError, match="plan.interruptions_per_hour"):
         load_config(str(QUICKSTART), ["plan.interruptions_per_hour=-1"])
+
+
+def test_build_plan_takes_typed_choices_not_the_commands_namespace():
+    """The library call a program makes without argparse: a frozen PlanChoices, left as given."""
+    from skylift.plan.planning import PlanChoices, build_plan
+
+    local = PlanChoices(config_path=str(QUICKSTART), epochs=1, bench=str(RECORDED), machine="local", nproc=2)
+    (candidate,) = build_plan(local, log=print).candidates
+    assert (candidate.instance, candidate.count) == ("local", 2) and candidate.predicted_hours > 0
+    cloud = PlanChoices(config_path=str(QUICKSTART), epochs=10, bench=str(RECORDED), instances=("g6.xlarge",),
+                        spot="never")
+    plan = build_plan(cloud, log=print)
+    assert {c.instance for c in plan.candidates} == {"g6.xlarge"} and not any(c.spot for c in plan.candidates)
+    assert cloud.price_file is None, "the config's plan.price_file is read, not written into the choices"

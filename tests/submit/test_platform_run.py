@@ -2,8 +2,8 @@
 two processes, one per "node", no topology flag; the platform's variables (or
 SageMaker's resource config) decide the ranks and the master (torchrun over gloo).
 
-Node 0 listens on 127.0.0.2: any 127/8 address reaches this machine, and the launcher
-rightly refuses 127.0.0.1 as the master of a multi-node job."""
+Node 0 listens on 127.0.0.2: any 127/8 address reaches this machine; the launcher takes a
+loopback master of a multi-node job only with ``--one-machine`` (a rehearsal)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_two_nodes_start_from_the_platforms_environment(platform, tmp_path):
     for rank in (0, 1):
         # --no-doctor: the doctor's job checks are not read here and cost each node's launcher
         # an import of torch._dynamo; the platform's variables are read before them, either way.
-        command = [sys.executable, "-c", _ENTRY, "run", "examples/quickstart.yaml", "--json", "--no-doctor",
+        command = [sys.executable, "-c", _ENTRY, "run", "examples/quickstart.yaml", "--json", "--no-doctor", "--one-machine",
                    "--set", "schedule.max_steps=3", "--set", "schedule.warmup_steps=1",
                    "--set", f"run_dir={tmp_path / f'run-{rank}'}", "--set", "monitor.report=false",
                    "--set", "monitor.tensorboard=false",  # neither the report nor TensorBoard is read here

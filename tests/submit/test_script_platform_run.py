@@ -51,7 +51,8 @@ def _nodes(platform: str, argv: list[str], block: dict[str, str], project, folde
     for rank in (0, 1):
         environ = {**clean, **block, **_environment(NAMES[platform], rank, port, folder),
                    "SKYLIFT_TEST_OUT": str(folder), "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-c", _ENTRY, *argv[1:]]  # argv[0] is `skylift`
+        # argv[0] is `skylift`, argv[1] the command; both nodes are this machine: --one-machine
+        command = [sys.executable, "-c", _ENTRY, argv[1], "--one-machine", *argv[2:]]
         nodes.append(subprocess.Popen(command, cwd=project, env=environ, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return nodes

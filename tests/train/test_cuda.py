@@ -95,7 +95,8 @@ def test_a_worker_forked_from_the_preloaded_server_trains_on_the_gpu(tmp_path):
 
     elastic = ("distributed.nodes.min=1", "distributed.nodes.max=2", "distributed.nodes.last_call_s=1")
     result = run_cli("run", "examples/quickstart.yaml", "--json", "--no-doctor", "--nproc", "1", "--node-rank", "0",
-                     "--master-addr", "127.0.0.2", "--master-port", str(free_port()), "--set", f"run_dir={tmp_path}",
+                     "--master-addr", "127.0.0.2", "--master-port", str(free_port()), "--one-machine",
+                     "--set", f"run_dir={tmp_path}",
                      "--set", "device=cuda", *(item for setting in elastic for item in ("--set", setting)),
                      timeout_s=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from skylift.checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
     Manifest,
-    committed_steps,
-    hashing,
     read_manifest,
     step_folder,
     uncommitted_steps,
     verified_file,
 )
+from skylift.checkpoint.mirror import FolderMirror
 from skylift.errors import SkyliftConfigError
 from skylift.storage import StorageError, Store
 from skylift.storage.base import Chunks
@@ -39,7 +38,6 @@ from skylift.storage.local import LocalStore
 __all__ = ["LocalTier", "manifest_with_fallback", "read_with_fallback"]
 
 log = logging.getLogger("skylift")
-_READ_PIECE_BYTES = 16 * 2**20
 
 
 class LocalTier:
@@ -58,7 +56,10 @@ class LocalTier:
                 f"checkpoint.local_root: {local_root!r} is a URL; it must be a folder on this node's disk"
             )
         run_key = hashlib.sha256(remote.url.encode()).hexdigest()[:16]
-        self.store = LocalStore(Path(local_root) / run_key)
+        # The root's manifest is the manager's commit, after every rank's upload: this
+        # tier copies files only (the same copy as a framework checkpoint's mirror).
+        self._mirror = FolderMirror(Path(local_root) / run_key, remote, "step-")
+        self.store: LocalStore = self._mirror.local
         self.remote = remote
         self.node_leader = node_leader
 
@@ -71,16 +72,7 @@ class LocalTier:
         Raises:
             CorruptCheckpointError: a local file changed since it was written.
         """
-        folder = step_folder(step)
-        for name, expected in entries.items():
-            key = f"{folder}/{name}"
-            hashed, actual = hashing(wrap(lambda key=key: _file_pieces(self.store.path(key))))
-            self.remote.write_chunks(key, hashed)
-            if actual != expected:
-                raise CorruptCheckpointError(
-                    f"{self.store.describe(key)} changed on disk before its upload "
-                    f"(expected sha256 {expected['sha256']}, read {actual.get('sha256')})"
-                )
+        self._mirror.upload_files(step, entries, wrap)
 
     def write_manifest(self, step: int, manifest: bytes) -> None:
         """The local commit point on a node other than rank 0's (rank 0 commits through the manager)."""
@@ -106,18 +98,11 @@ class LocalTier:
         except OSError as failure:  # the next start removes it; never mask the save's error
             log.warning("could not remove abandoned local %s: %s", step_folder(step), failure)
 
-    def retain(self, keep: int) -> None:
-        for old in committed_steps(self.store)[:-keep]:
-            self.store.delete_prefix(step_folder(old))
-
     def remove_uncommitted(self) -> None:
         """Delete local ``step-N/`` folders without a manifest (node leaders, at start)."""
         for step in uncommitted_steps(self.store):
             log.warning("removing abandoned partial checkpoint %s", self.store.describe(step_folder(step)))
             self.store.delete_prefix(step_folder(step))
-
-    def committed_steps(self) -> list[int]:
-        return committed_steps(self.store)
 
 
 def read_with_fallback(
@@ -168,8 +153,3 @@ def manifest_with_fallback(step: int, local: Store | None, remote: Store) -> Man
             log.warning("used the root's manifest: %s", error)
     return read_manifest(remote, step)
 
-
-def _file_pieces(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
-        while piece := handle.read(_READ_PIECE_BYTES):
-            yield piece

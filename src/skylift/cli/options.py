@@ -28,6 +28,9 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--node-rank", type=int, default=None, help="this node's index, 0..nnodes-1")
     group.add_argument("--master-addr", default=None, help="address of node 0, reachable from all nodes")
     group.add_argument("--master-port", type=int, default=None, help="port on node 0 (default: a free one)")
+    group.add_argument("--one-machine", action="store_true",
+                       help="rehearse a multi-node or elastic job on this machine: every node is a command here, "
+                       "--master-addr a loopback address (refused with --nnodes > 1 otherwise)")
     group.add_argument(
         "--grace-s",
         type=float,
@@ -62,7 +65,7 @@ def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=
     # whether it hosts the rendezvous: torch then decides by host name (the endpoint's pod).
     by_hostname = elastic is not None and platform is not None and platform.node_rank_unknown
     topology = Topology(filled.nproc, filled.nnodes, filled.node_rank, filled.master_addr, filled.master_port, grace_s,
-                        elastic, rendezvous_host_by_name=by_hostname)
+                        elastic, rendezvous_host_by_name=by_hostname, one_machine=args.one_machine)
     topology.validate()
     return topology
 

@@ -41,15 +41,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from skylift.plan.planning import build_plan
+    from skylift.plan.planning import PlanChoices, build_plan
     from skylift.plan.render import render_plan
 
-    plan = build_plan(args, deadline_hours=parse_hours(args.deadline), log=lambda text: print(text, file=sys.stderr))
+    choices = PlanChoices(
+        config_path=args.config, overrides=tuple(args.overrides), epochs=args.epochs,
+        samples_per_epoch=args.samples_per_epoch, deadline_hours=parse_hours(args.deadline),
+        budget_usd=args.budget_usd, providers=_names(args.providers), gpus=_names(args.gpus),
+        instances=_names(args.instances), spot=args.spot, bench=args.bench, price_file=args.price_file,
+        efficiency=args.efficiency, interruptions_per_hour=args.interruptions_per_hour,
+        restart_minutes=args.restart_minutes, machine=args.machine, nproc=args.nproc, threads=args.threads,
+    )  # fmt: skip
+    plan = build_plan(choices, log=lambda text: print(text, file=sys.stderr))
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
         print(render_plan(plan))
     return 0
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """``a, b,c`` -> ``("a", "b", "c")``; nothing -> ``()``."""
+    return tuple(part.strip() for part in text.split(",") if part.strip()) if text else ()
 
 
 def parse_hours(text: str | None) -> float | None:

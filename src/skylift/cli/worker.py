@@ -10,7 +10,7 @@ import json
 import sys
 import traceback
 
-from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, EXIT_REQUEUE, SkyliftConfigError, SkyliftError
+from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, SkyliftConfigError, SkyliftError
 
 __all__ = ["train_and_report"]
 
@@ -40,22 +40,15 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
                              indent=2))
         else:
             print_summary(summary, report, flops)
-    if summary.stopped_early is None:
-        return 0
     from skylift.loop.agreement import StopReason
 
-    if summary.stopped_early == StopReason.NAMES[StopReason.GUARD]:
-        from skylift.errors import EXIT_GUARD
-
-        if trainer.runtime.dist.is_main:
-            print(f"skylift: stopped by a guard at step {summary.steps} (see the guard record in metrics.jsonl); "
-                  "raise the limit in monitor.guards, then run the same command to resume", file=sys.stderr)
-        return EXIT_GUARD
-    if summary.stopped_early == StopReason.NAMES[StopReason.PREEMPTED]:
-        if trainer.runtime.dist.is_main:
-            print(f"skylift: preempted at step {summary.steps}; run the same command again to resume", file=sys.stderr)
-        return EXIT_REQUEUE
-    return EXIT_FAILURE
+    stopped = StopReason.of_label(summary.stopped_early)
+    if stopped is StopReason.GUARD and trainer.runtime.dist.is_main:
+        print(f"skylift: stopped by a guard at step {summary.steps} (see the guard record in metrics.jsonl); "
+              "raise the limit in monitor.guards, then run the same command to resume", file=sys.stderr)
+    if stopped is StopReason.PREEMPTED and trainer.runtime.dist.is_main:
+        print(f"skylift: preempted at step {summary.steps}; run the same command again to resume", file=sys.stderr)
+    return stopped.exit_code
 
 
 def _report_fields(report) -> dict:  # noqa: ANN001 - Report | None

@@ -11,18 +11,7 @@ import numpy as np
 from skylift.data.codecs import encode_array
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["describe_source", "digits_samples", "image_folder_samples"]
-
-
-def image_folder_samples(root: Path) -> tuple[list[str], Iterator[dict[str, bytes]]]:
-    """Class names and samples of a local ``root/<class>/<image>`` folder (sorted, deterministic).
-
-    Object stores too: :func:`skylift.data.image_sources.open_image_folder`.
-    """
-    from skylift.data.image_sources import open_image_folder
-
-    folder = open_image_folder(str(root))
-    return folder.classes, folder.samples()
+__all__ = ["describe_source", "digits_samples"]
 
 
 def digits_samples(split: str, val_fraction: float = 0.2, seed: int = 0) -> Iterator[dict[str, bytes]]:

@@ -6,7 +6,8 @@ it: ``manifest.json`` (skylift's checkpoint manifest: every file with its size a
 sha256) is written last, atomically. A folder without a manifest that verifies is
 torn, and resume skips it. A mirror (an object store or another folder) receives the
 files first and the manifest last, so there too a checkpoint is visible only when
-complete; a restore copies a mirrored checkpoint back onto local disk by the same rule.
+complete; a restore copies a mirrored checkpoint back onto local disk by the same rule
+(the copying is checkpoint/mirror.py's, which the node-local tier uses too).
 
 Layout, for a prefix ``checkpoint-`` (the Trainer's) or ``step-`` (Lightning's)::
 
@@ -17,27 +18,21 @@ Layout, for a prefix ``checkpoint-`` (the Trainer's) or ``step-`` (Lightning's):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from skylift.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, hashing
-from skylift.storage import StorageError, StorageNotFoundError, Store
+from skylift.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest
+from skylift.checkpoint.mirror import FolderMirror, hash_file
+from skylift.storage import StorageError, Store
 from skylift.storage.local import LocalStore
 
 __all__ = ["FolderCheckpoints", "MirroredStep", "remove_folder", "seal", "unseal", "verify_folder"]
 
 log = logging.getLogger("skylift")
-
-_PIECE_BYTES = 8 * 2**20
-"""Bytes read or downloaded at a time: a checkpoint file never has to fit in memory."""
 
 
 def _files_of(folder: Path) -> list[str]:
@@ -49,18 +44,6 @@ def _files_of(folder: Path) -> list[str]:
                 continue
             names.append(Path(parent, name).relative_to(folder).as_posix())
     return sorted(names)
-
-
-def _hash_file(path: Path, *, sync: bool = False) -> dict[str, Any]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while piece := handle.read(_PIECE_BYTES):
-            digest.update(piece)
-            size += len(piece)
-        if sync:
-            # The framework wrote through the page cache; the manifest must not outlive its files.
-            os.fsync(handle.fileno())
-    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def seal(folder: Path, step: int, world_size: int) -> Manifest:
@@ -76,7 +59,7 @@ def seal(folder: Path, step: int, world_size: int) -> Manifest:
     names = _files_of(folder)
     if not names:
         raise CorruptCheckpointError(f"{folder} holds no file to seal")
-    manifest = Manifest.create(step, world_size, {name: _hash_file(folder / name, sync=True) for name in names})
+    manifest = Manifest.create(step, world_size, {name: hash_file(folder / name, sync=True) for name in names})
     LocalStore(folder).write_bytes(MANIFEST, manifest.encode())
     return manifest
 
@@ -101,7 +84,7 @@ def verify_folder(folder: Path, step: int) -> Manifest:
         raise CorruptCheckpointError(f"{path} is for step {manifest.step}, not {step}")
     for name, expected in manifest.files.items():
         try:
-            actual = _hash_file(folder / name)
+            actual = hash_file(folder / name)
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{folder / name} is listed in the manifest but missing") from None
         if actual != expected:
@@ -138,6 +121,7 @@ class FolderCheckpoints:
         self.mirror = mirror
         self.keep = keep
         self._pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
+        self._mirror = FolderMirror(self.directory, mirror, prefix) if mirror is not None else None
 
     def folder(self, step: int) -> Path:
         return self.directory / f"{self.prefix}{step}"
@@ -176,7 +160,7 @@ class FolderCheckpoints:
             elif kept:  # torn, and older than a complete one: nothing will resume from it
                 remove_folder(self.folder(step))
 
-    # -- the mirror ---------------------------------------------------------------
+    # -- the mirror (checkpoint/mirror.py: files first, the manifest last) ---------
 
     def upload(self, step: int, manifest: Manifest) -> None:
         """Copy a sealed folder to the mirror: its files first, the manifest last; then prune.
@@ -185,27 +169,20 @@ class FolderCheckpoints:
             CorruptCheckpointError: a file changed since it was sealed.
             StorageError: the store failed past its retries.
         """
-        assert self.mirror is not None, "upload() needs a mirror"
-        name = f"{self.prefix}{step}"
-        for file_name, expected in manifest.files.items():
-            chunks, written = hashing(lambda path=self.folder(step) / file_name: _read_pieces(path))
-            self.mirror.write_chunks(f"{name}/{file_name}", chunks)
-            if written != expected:
-                raise CorruptCheckpointError(f"{self.folder(step) / file_name} changed after it was sealed")
-        self.mirror.write_bytes(f"{name}/{MANIFEST}", manifest.encode())
-        self._prune_mirror(step)
+        assert self._mirror is not None, "upload() needs a mirror"
+        self._mirror.upload(step, manifest, keep=self.keep)
 
     def newest_mirrored(self) -> MirroredStep | None:
         """The newest step in the mirror whose manifest reads and lists files of the stated sizes.
 
         The files' hashes are checked as they are restored (:meth:`restore`)."""
-        if self.mirror is None:
+        if self._mirror is None:
             return None
-        for step in sorted(self._mirrored_steps(), reverse=True):
+        for step in sorted(self._mirror.remote_steps(), reverse=True):
             try:
-                return MirroredStep(step, self._mirrored_manifest(step))
+                return MirroredStep(step, self._mirror.remote_manifest(step))
             except (CorruptCheckpointError, StorageError) as error:
-                log.warning("skipping checkpoint %s: %s", self.mirror.describe(f"{self.prefix}{step}"), error)
+                log.warning("skipping checkpoint %s: %s", self._mirror.remote.describe(f"{self.prefix}{step}"), error)
         return None
 
     def restore(self, mirrored: MirroredStep) -> Path:
@@ -214,96 +191,13 @@ class FolderCheckpoints:
         Raises:
             CorruptCheckpointError: a file in the mirror does not match its manifest.
         """
-        assert self.mirror is not None, "restore() needs a mirror"
-        folder = self.folder(mirrored.step)
-        unseal(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"{self.prefix}{mirrored.step}"
-        for file_name, expected in mirrored.manifest.files.items():
-            _download_verified(self.mirror, f"{name}/{file_name}", expected, folder / file_name)
-        LocalStore(folder).write_bytes(MANIFEST, mirrored.manifest.encode())
-        return folder
-
-    def _mirrored_steps(self) -> set[int]:
-        assert self.mirror is not None
-        steps = set()
-        for key in self.mirror.list():
-            head, _, rest = key.partition("/")
-            step = self._step_of(head)
-            if step is not None and rest == MANIFEST:
-                steps.add(step)
-        return steps
-
-    def _mirrored_manifest(self, step: int) -> Manifest:
-        assert self.mirror is not None
-        key = f"{self.prefix}{step}/{MANIFEST}"
-        try:
-            manifest = Manifest.decode(self.mirror.read_bytes(key), self.mirror.describe(key))
-        except StorageNotFoundError:
-            raise CorruptCheckpointError(f"{self.mirror.describe(key)} is missing") from None
-        if manifest.step != step:
-            raise CorruptCheckpointError(f"{self.mirror.describe(key)} is for step {manifest.step}")
-        for file_name, expected in manifest.files.items():
-            file_key = f"{self.prefix}{step}/{file_name}"
-            try:
-                size = self.mirror.size(file_key)
-            except StorageNotFoundError:
-                raise CorruptCheckpointError(f"{self.mirror.describe(file_key)} is listed but missing") from None
-            if size != expected["size"]:
-                raise CorruptCheckpointError(
-                    f"{self.mirror.describe(file_key)} holds {size} bytes; the manifest says {expected['size']}")
-        return manifest
-
-    def _prune_mirror(self, newest: int) -> None:
-        """Keep the ``keep`` newest complete steps; older folders (complete or torn) go."""
-        assert self.mirror is not None
-        complete = sorted(step for step in self._mirrored_steps() if step <= newest)
-        if len(complete) <= self.keep:
-            return
-        oldest_kept = complete[-self.keep]
-        doomed = [key for key in self.mirror.list()
-                  if (step := self._step_of(key.partition("/")[0])) is not None and step < oldest_kept]  # fmt: skip
-        # Manifests first: a folder half deleted must read as torn, never as complete.
-        self.mirror.delete([key for key in doomed if key.endswith(f"/{MANIFEST}")])
-        self.mirror.delete([key for key in doomed if not key.endswith(f"/{MANIFEST}")])
+        assert self._mirror is not None, "restore() needs a mirror"
+        self._mirror.restore(mirrored.step, mirrored.manifest)
+        return self.folder(mirrored.step)
 
     def _step_of(self, name: str) -> int | None:
         match = self._pattern.match(name)
         return int(match.group(1)) if match else None
-
-
-def _read_pieces(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
-        while piece := handle.read(_PIECE_BYTES):
-            yield piece
-
-
-def _download_verified(store: Store, key: str, expected: dict[str, Any], target: Path) -> None:
-    """Stream ``key`` into ``target`` through a temporary file, renamed only once its sha256 matches."""
-    digest, size = hashlib.sha256(), 0
-    target.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=".skylift-tmp-", dir=target.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            while size < expected["size"]:
-                piece = store.read_range(key, size, min(size + _PIECE_BYTES, expected["size"]))
-                if not piece:
-                    break
-                digest.update(piece)
-                handle.write(piece)
-                size += len(piece)
-            handle.flush()
-            os.fsync(handle.fileno())
-        actual = {"size": size, "sha256": digest.hexdigest()}
-        if actual != expected:
-            raise CorruptCheckpointError(
-                f"{store.describe(key)} does not match its manifest: expected {expected['size']} bytes, sha256 "
-                f"{expected['sha256']}; found {size} bytes, sha256 {actual['sha256']}"
-            )
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
 
 
 def remove_folder(folder: Path) -> None:

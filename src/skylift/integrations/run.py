@@ -32,7 +32,6 @@ import torch.distributed as dist
 from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
-from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_OK, EXIT_REQUEUE
 from skylift.loop.agreement import StopReason
 from skylift.loop.distributed import DistributedContext, exit_cleanly
 from skylift.loop.events import TrainState
@@ -42,7 +41,6 @@ __all__ = ["BatchCount", "ScriptRun", "exit_code_for", "resolve_config"]
 
 log = logging.getLogger("skylift")
 
-_EXIT_CODES = {StopReason.NAMES[StopReason.PREEMPTED]: EXIT_REQUEUE, StopReason.NAMES[StopReason.GUARD]: EXIT_GUARD}
 
 
 def resolve_config(config: RunConfig | str | os.PathLike[str] | None, *, default_run_dir: str | os.PathLike[str] | None,
@@ -70,10 +68,9 @@ def resolve_config(config: RunConfig | str | os.PathLike[str] | None, *, default
 
 
 def exit_code_for(stopped: str | None) -> int:
-    """143 after a preemption, 3 after a guard's stop, 1 after another stop (a failed save), else 0."""
-    if stopped is None:
-        return EXIT_OK
-    return _EXIT_CODES.get(stopped, EXIT_FAILURE)
+    """143 after a preemption, 3 after a guard's stop, 1 after another stop (a failed save), else 0
+    (:class:`StopReason`'s mapping)."""
+    return StopReason.of_label(stopped).exit_code
 
 
 class ScriptRun:
@@ -217,7 +214,7 @@ class ScriptRun:
         if uploaded_at_s is not None or upload_error is not None:
             record.update(uploaded=upload_error is None, upload_error=upload_error)
         self.services.metrics.write_event(record)
-        if self.stopped == StopReason.NAMES[StopReason.PREEMPTED] and step == self.stop_step:
+        if self.stopped == StopReason.PREEMPTED.label and step == self.stop_step:
             self.services.metrics.write_event(self._preemption_record(step, committed, uploaded_at_s, now_s))
 
     def _preemption_record(self, step: int, committed: bool, uploaded_at_s: float | None,
@@ -271,7 +268,7 @@ class ScriptRun:
         run_dir = self.services.run_dir.root
         if self.stopped:
             print(f"skylift: stopped at step {self.state.step} ({self.stopped}); run folder {run_dir}", file=sys.stderr)
-        if self.stopped == StopReason.NAMES[StopReason.PREEMPTED]:
+        if self.stopped == StopReason.PREEMPTED.label:
             committed = self.last_committed_step
             print(f"skylift: preempted; checkpoint step {committed} is complete; run the same command again to resume",
                   file=sys.stderr)

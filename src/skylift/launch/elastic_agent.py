@@ -4,6 +4,12 @@ The monitoring loop is torchrun's ``SimpleElasticAgent._invoke_run`` (torch 2.14
 ended-early branch split three ways (see :mod:`skylift.launch.elastic`; a node
 that could not leave cleanly is dropped after its missed keep-alives). Everything else,
 rendezvous, worker start and stop, exit barrier, is torchrun's own.
+
+torch has no public hook for any of the three (the monitoring loop, the stop timeout of a
+restart, leaving a rendezvous without closing it), so this module overrides private
+methods and reaches into the rendezvous handler. :data:`TORCH_PINS` names every such
+piece of torch with a digest of its source: ``tests/elastic/test_torch_pins.py`` fails
+on a torch whose code differs, so an upgrade is checked in the suite, not on a cluster.
 """
 
 from __future__ import annotations
@@ -20,9 +26,41 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from skylift.errors import EXIT_REQUEUE
 from skylift.train.elastic_environment import EXIT_CODES_FINAL, RESTART_REASON_VARIABLE
 
-__all__ = ["SkyliftAgent", "committed_stop"]
+__all__ = ["TORCH_PINS", "SkyliftAgent", "committed_stop"]
 
 log = logging.getLogger("skylift")
+
+_AGENT = "torch.distributed.elastic.agent.server"
+_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+TORCH_PINS: dict[str, tuple[str, str]] = {
+    f"{_AGENT}.api:SimpleElasticAgent._invoke_run": (
+        "2242a87335ee7b58", "SkyliftAgent._invoke_run is a copy of it: carry its change over"),
+    f"{_AGENT}.api:SimpleElasticAgent._restart_workers": (
+        "8f18f2dc8b4d2a04", "SkyliftAgent._restart relies on it stopping (our _stop_workers) then re-forming"),
+    f"{_AGENT}.api:SimpleElasticAgent.__init__": (
+        "8760d4a767d2f1b5", "_remaining_restarts and _worker_group, which SkyliftAgent reads and counts down"),
+    f"{_AGENT}.local_elastic_agent:LocalElasticAgent.__init__": (
+        "a372174365c44139", "_shutdown_timeout (torchrun's --shutdown-timeout), which SkyliftAgent stops with"),
+    f"{_AGENT}.local_elastic_agent:LocalElasticAgent._stop_workers": (
+        "f17c6bac24436041", "SkyliftAgent._stop_workers replaces its fixed 30 s: drop the override if torch "
+        "now passes _shutdown_timeout itself"),
+    f"{_AGENT}.local_elastic_agent:LocalElasticAgent._shutdown": (
+        "201669f13436c893", "SkyliftAgent._stop_workers calls it with a timeout"),
+    f"{_RENDEZVOUS}:DynamicRendezvousHandler.shutdown": (
+        "6440ab67c243e54d", "SkyliftAgent._leave does its first half (stop the keep-alive) without closing the "
+        "rendezvous: use a public leave if torch added one"),
+    f"{_RENDEZVOUS}:DynamicRendezvousHandler._stop_heartbeats": ("89fd118b95e4a439", "SkyliftAgent._leave calls it"),
+    f"{_RENDEZVOUS}:_RendezvousExitOp": ("1207ff14faf464e0", "SkyliftAgent._leave runs it to leave the round"),
+    f"{_RENDEZVOUS}:_DistributedRendezvousOpExecutor.run": (
+        "43f0a3fb2b00c46b", "SkyliftAgent._leave runs the exit op through it (op, deadline)"),
+    "torch.distributed.launcher.api:launch_agent": (
+        "eda9a3b04f9c1aaa", "skylift.launch.elastic._build_agent builds what it builds, with SkyliftAgent"),
+    "torch.distributed.launcher.api:_get_addr_and_port": (
+        "254baca413485cdd", "skylift.launch.elastic._build_agent calls it as launch_agent does"),
+}
+"""torch's private code this module and :mod:`skylift.launch.elastic` copied or reach
+into: ``module:qualified name`` -> (the first 16 hex digits of the sha256 of its source's
+AST, comments and layout left out, in torch 2.14.1; what to re-check when it changes)."""
 
 
 def committed_stop(result: RunResult) -> bool:
@@ -50,7 +88,7 @@ class SkyliftAgent(LocalElasticAgent):
         self._shutdown(timeout=self._shutdown_timeout)
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
-        group = self._worker_group
+        group = self.get_worker_group()
         self._initialize_workers(group)
         while True:
             time.sleep(group.spec.monitor_interval)
@@ -78,20 +116,21 @@ class SkyliftAgent(LocalElasticAgent):
             self._restart("notice", "the workers stopped at a committed checkpoint for another node's notice")
             return False
         codes = {failure.exitcode for failure in result.failures.values()}
+        group = self.get_worker_group()
         if codes & EXIT_CODES_FINAL or self._remaining_restarts <= 0:
-            self._stop_workers(self._worker_group)
-            self._worker_group.state = WorkerState.FAILED
+            self._stop_workers(group)
+            group.state = WorkerState.FAILED
             return True
         self._remaining_restarts -= 1
         self.failures += 1
         self._restart("node_lost", f"workers failed (exit codes {sorted(codes)}); "
-                      f"{self._remaining_restarts} of {self._worker_group.spec.max_restarts} restarts left")
+                      f"{self._remaining_restarts} of {group.spec.max_restarts} restarts left")
         return False
 
     def _restart(self, reason: str, why: str) -> None:
         log.warning("skylift elastic: %s; restarting the workers at the new size", why)
         os.environ[RESTART_REASON_VARIABLE] = reason  # the restarted workers inherit it
-        self._restart_workers(self._worker_group)
+        self._restart_workers(self.get_worker_group())
 
     def _leave(self) -> None:
         """Stop the workers and take this node out of the rendezvous round without closing it
@@ -99,9 +138,10 @@ class SkyliftAgent(LocalElasticAgent):
         keep-alive stops and the others drop it after that many keep-alive intervals."""
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
 
-        self._stop_workers(self._worker_group)
-        self._worker_group.state = WorkerState.FAILED
-        handler = self._worker_group.spec.rdzv_handler
+        group = self.get_worker_group()
+        self._stop_workers(group)
+        group.state = WorkerState.FAILED
+        handler = group.spec.rdzv_handler
         try:
             handler._stop_heartbeats()
             handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 30)

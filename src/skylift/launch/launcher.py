@@ -45,6 +45,10 @@ class Topology:
     rendezvous_host_by_name: bool = False
     """Elastic only: whether this node hosts the rendezvous is decided by torch from the
     endpoint's host name (the platform gave no node rank), not by ``node_rank == 0``."""
+    one_machine: bool = False
+    """``--one-machine``: every node of a multi-node or elastic job is a command on this
+    machine (a rehearsal), so the master is a loopback address. Without it a loopback
+    master with ``nnodes > 1`` is refused: on a cluster each node would wait for itself."""
 
     @property
     def local_addr(self) -> str | None:
@@ -77,11 +81,19 @@ class Topology:
             problems.append(f"--nnodes {self.nnodes} and the elastic maximum {self.elastic.max} disagree")
         if self.nnodes > 1 and self.master_port is None:
             problems.append("--master-port is required with --nnodes > 1 (the same port on every node)")
-        if self.nnodes > 1 and self.master_addr in ("127.0.0.1", "localhost"):
-            problems.append("--master-addr must be node 0's address reachable from every node when --nnodes > 1")
+        loopback = _is_loopback(self.master_addr)
+        if self.nnodes > 1 and loopback and not self.one_machine:
+            problems.append(f"--master-addr {self.master_addr} is this machine's loopback: with --nnodes > 1 it must "
+                            "be node 0's address, reachable from every node")
+        if self.one_machine and not loopback:
+            problems.append(f"--one-machine runs every node on this machine: --master-addr must be a loopback "
+                            f"address (127.0.0.1), got {self.master_addr}")
         if problems:
-            raise SkyliftConfigError(problems, hint="Example: skylift run CONFIG --nproc 8 --nnodes 2 "
-                                     "--node-rank 0 --master-addr 10.0.0.5 --master-port 29500")
+            raise SkyliftConfigError(problems, hint=(
+                "Example: skylift run CONFIG --nproc 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.5 "
+                "--master-port 29500. To rehearse a multi-node or elastic job on one machine, start one command "
+                "per node here, each with --one-machine --master-addr 127.0.0.1 --master-port 29500 and its own "
+                "--node-rank (elastic: --nnodes MIN:MAX)"))
 
 
 def script_arguments(command: list[str] | tuple[str, ...]) -> list[str]:

@@ -13,41 +13,68 @@ same result at the same step.
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
 
+from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_OK, EXIT_REQUEUE
 from skylift.loop.collectives import collective
 
 __all__ = ["Decision", "StepAgreement", "StopReason"]
 
 
-class StopReason:
-    """Stop codes; a higher code wins when several are requested at once."""
+class StopReason(enum.IntEnum):
+    """Why every rank stops early: the code the ranks exchange (a higher code wins when
+    several are requested at once), the ``label`` a run records (``stopped_early``, the
+    ``reason`` of ``preemption`` and ``run_end`` records), and the process's ``exit_code``.
 
-    NONE = 0
-    SAVE_FAILED = 1
-    GUARD = 2
+    The one mapping from a stop to an exit code: the Trainer (``Runtime.close``,
+    ``skylift run``) and the framework integrations all read ``exit_code`` here.
+    """
+
+    label: str | None
+    exit_code: int
+
+    def __new__(cls, code: int, label: str | None, exit_code: int) -> Self:
+        member = int.__new__(cls, code)
+        member._value_ = code
+        member.label = label
+        member.exit_code = exit_code
+        return member
+
+    NONE = 0, None, EXIT_OK
+    SAVE_FAILED = 1, "checkpoint save failed", EXIT_FAILURE
+    GUARD = 2, "guard", EXIT_GUARD
     """A guard (budget, idle GPU): save without a notice window, then exit 3."""
-    PREEMPTED = 3
-    """Wins over a guard: its save must fit the notice window."""
-    ROOT_LOST = 4
+    PREEMPTED = 3, "preemption notice", EXIT_REQUEUE
+    """Wins over a guard: its save must fit the notice window; exit 143 to be requeued."""
+    ROOT_LOST = 4, "checkpoint root lost", EXIT_FAILURE
     """The checkpoint root can no longer be written (another job took the lease, or the
     store stayed unreachable past ``checkpoint.unreachable_limit_s``): stop without saving.
     Wins over everything: no save is possible."""
 
-    NAMES = {SAVE_FAILED: "checkpoint save failed", GUARD: "guard", PREEMPTED: "preemption notice",
-             ROOT_LOST: "checkpoint root lost"}
+    @classmethod
+    def of_label(cls, label: str | None) -> StopReason:
+        """The stop a recorded label names (``None``: no stop).
+
+        Raises:
+            ValueError: no stop has that label.
+        """
+        for reason in cls:
+            if reason.label == label:
+                return reason
+        raise ValueError(f"{label!r} is not a stop reason's label ({', '.join(repr(r.label) for r in cls)})")
 
 
 @dataclass(frozen=True)
 class Decision:
-    stop_code: int = StopReason.NONE
+    stop_code: StopReason = StopReason.NONE
     deadline_s: float = math.inf
     """Earliest known time.time() at which the machines go away (inf when unknown)."""
     save: bool = False
@@ -56,7 +83,8 @@ class Decision:
 
     @property
     def stop_reason(self) -> str | None:
-        return StopReason.NAMES.get(self.stop_code)
+        """The label of the agreed stop (None: no stop)."""
+        return StopReason(self.stop_code).label
 
 
 class StepAgreement:
@@ -73,7 +101,7 @@ class StepAgreement:
         self._save = False
         self._pending: tuple[Any, torch.Tensor] | None = None
 
-    def request_stop(self, code: int, deadline_s: float | None = None, noticed_at_s: float | None = None) -> None:
+    def request_stop(self, code: StopReason, deadline_s: float | None = None, noticed_at_s: float | None = None) -> None:
         with self._lock:
             self._stop_code = max(self._stop_code, code)
             if deadline_s is not None:
@@ -128,4 +156,4 @@ class StepAgreement:
 
 def _decode(values: torch.Tensor) -> Decision:
     stop_code, negative_deadline, save, negative_noticed_at = values.tolist()
-    return Decision(int(stop_code), -negative_deadline, bool(save), -negative_noticed_at)
+    return Decision(StopReason(int(stop_code)), -negative_deadline, bool(save), -negative_noticed_at)

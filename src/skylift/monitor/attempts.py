@@ -1,9 +1,8 @@
 """A run folder's records, split into attempts and summarised for the report and live view.
 
 A run folder accumulates every attempt of the same run (a preempted run that resumes
-appends to ``metrics.jsonl``). Attempts start at ``run_start`` records; a file written
-before those existed is split where the step goes backwards, or at the first step
-after a ``preemption`` record.
+appends to ``metrics.jsonl``). Attempts start at ``run_start`` records (records before
+the first one, a torn line's remains, make an attempt of their own).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ class Attempt:
 
     number: int
     start: dict[str, Any] | None = None
-    """The ``run_start`` record; ``None`` for a file that predates them."""
+    """The ``run_start`` record; ``None`` for records before the first one."""
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
@@ -37,11 +36,7 @@ class Attempt:
 
     @property
     def resumed_from_step(self) -> int | None:
-        if self.start is not None:
-            return self.start.get("resumed_from_step")
-        first = next((r for r in self.records if r.get("kind") == "train"), None)
-        # Without run_start, a later attempt resumed just before its first step.
-        return first["step"] - 1 if first is not None and self.number > 1 else None
+        return self.start.get("resumed_from_step") if self.start is not None else None
 
     @property
     def start_time_s(self) -> float | None:
@@ -82,26 +77,11 @@ class AttemptSplitter:
 
     def __init__(self) -> None:
         self.attempts = 0
-        self._announced = False  # the current attempt began with a run_start record
-        self._last_train_step: int | None = None
-        self._stopped = False  # a preemption or run_end was seen in the current attempt
 
     def starts_attempt(self, record: dict[str, Any]) -> bool:
-        kind = record.get("kind")
-        if kind == "run_start" or self.attempts == 0:
-            begins = True
-        else:
-            # The heuristics apply only to attempts that did not announce themselves.
-            step = record.get("step")
-            went_back = self._last_train_step is not None and isinstance(step, int) and step <= self._last_train_step
-            begins = not self._announced and kind == "train" and (went_back or self._stopped)
+        begins = record.get("kind") == "run_start" or self.attempts == 0
         if begins:
             self.attempts += 1
-            self._announced = kind == "run_start"
-            self._last_train_step, self._stopped = None, False
-        if kind == "train":
-            self._last_train_step = record.get("step", self._last_train_step)
-        self._stopped = self._stopped or kind in ("preemption", "run_end")
         return begins
 
 

@@ -35,12 +35,11 @@ class CalibratedCompute:
 
 
 def missing_structure(m: Measurement) -> str | None:
-    """What the bench lacks for the GPU model, or ``None``."""
+    """What the bench lacks for the GPU model (its trace failed, which its notes say), or ``None``."""
+    # The bench records the whole trace or none of it (plan/bench.py): one field stands for all.
     if not m.intensity_bins or m.memory_op_bytes_per_sample is None or m.traffic_half is None:
         reason = next((note for note in m.notes if note.startswith("memory traffic")), "no traced traffic")
         return f"the bench has no traced structure ({reason}); bench again with this skylift"
-    if m.conv_flops_per_sample is None or not m.traced_ops_per_micro_step:
-        return "the bench predates the per-op trace; bench again with this skylift"
     return None
 
 
@@ -49,7 +48,7 @@ def _structure(m: Measurement, half_there: bool) -> JobStructure:
     scale = 1.0 if half_there == m.traffic_half else (0.5 if half_there else 2.0)
     bins = tuple((flops, moved * scale, conv * scale) for flops, moved, conv in m.intensity_bins or ())
     return JobStructure(flops_per_sample=sum(group[0] for group in bins),
-                        conv_flops_per_sample=m.conv_flops_per_sample or 0.0,
+                        conv_flops_per_sample=m.conv_flops_per_sample or 0.0,  # None only without a trace
                         memory_op_bytes_per_sample=(m.memory_op_bytes_per_sample or 0.0) * scale,
                         intensity_bins=bins, ops_per_micro_step=int(m.traced_ops_per_micro_step or 1),
                         channels_last=bool(m.channels_last))  # fmt: skip

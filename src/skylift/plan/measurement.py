@@ -54,8 +54,8 @@ class Measurement(BaseModel):
     training sample here (read, decode, augment, collate), timed in the bench process with
     the loader at 0 workers and one torch thread (as a loader worker runs):
     ``time.thread_time``, so another process on this machine does not change it, as it
-    does the wall-clock ``data_wait``. ``None`` in benches that predate it (a plan then
-    falls back to the measured wall time and says so)."""
+    does the wall-clock ``data_wait``. ``None`` where the bench could not time it (its
+    notes say why; a plan then uses the measured wall time and says so)."""
     world_size: int
     threads_per_process: int
     """CPU threads each process computed with (``OMP_NUM_THREADS``)."""

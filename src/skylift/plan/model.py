@@ -361,8 +361,9 @@ def _workers_there(m: Measurement, target: Target) -> float:
 
 def _input_from_wall_s(m: Measurement, target: Target, samples_ratio: float, parts: dict[str, float],
                        assumptions: list[str]) -> tuple[float, bool]:  # fmt: skip
-    """A bench without the CPU time of the input: its wall-clock wait, which follows this machine's load."""
-    assumptions.append(f"{target.name}: the bench has no CPU time of the input pipeline (it predates it): the "
+    """A bench that could not time the input's CPU (an epoch too short to time past its warm-up, a
+    loader error: its notes say which): its wall-clock wait, which follows this machine's load."""
+    assumptions.append(f"{target.name}: the bench has no CPU time of the input pipeline (its notes say why): the "
                        "wall-clock data wait measured here is used, which a busy bench machine inflates; bench again")
     measured_s = (m.breakdown_s.get("data_wait", 0.0) + m.breakdown_s.get("host_to_device", 0.0)) * samples_ratio
     if m.data_num_workers != 0:

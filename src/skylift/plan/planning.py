@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from skylift.errors import SkyliftConfigError
 from skylift.plan.calibration import KindFactors, shipped_gpu_model
@@ -21,7 +21,7 @@ from skylift.plan.ranking import (
     predicted_hours,
 )
 
-__all__ = ["Plan", "build_plan", "find_or_measure"]
+__all__ = ["Plan", "PlanChoices", "build_plan", "find_or_measure"]
 
 
 @dataclass(kw_only=True)
@@ -46,36 +46,67 @@ class Plan:
         }
 
 
-def build_plan(args: argparse.Namespace, *, deadline_hours: float | None, log: Callable[[str], None]) -> Plan:
-    """Everything ``skylift plan`` does, from its parsed arguments."""
+@dataclass(frozen=True, kw_only=True)
+class PlanChoices:
+    """What a plan is asked for (``skylift plan``'s flags). ``None``: the config's ``plan``
+    section where it has the field, else the default."""
+
+    config_path: str
+    overrides: tuple[str, ...] = ()
+    """``SECTION.KEY=VALUE`` overrides of the config (``--set``)."""
+    epochs: float
+    samples_per_epoch: int | None = None
+    """Training samples per epoch of the real job (``None``: the measured run's dataset)."""
+    deadline_hours: float | None = None
+    budget_usd: float | None = None
+    providers: tuple[str, ...] = ()
+    """Only these clouds (empty: every one); likewise ``gpus`` and ``instances``."""
+    gpus: tuple[str, ...] = ()
+    instances: tuple[str, ...] = ()
+    spot: Literal["auto", "only", "never"] = "auto"
+    bench: str | None = None
+    """The measurement (a bench file or run folder; ``None``: the newest bench of this config, else a new one)."""
+    price_file: str | None = None
+    efficiency: float | None = None
+    interruptions_per_hour: float | None = None
+    restart_minutes: float | None = None
+    machine: Literal["cloud", "local"] = "cloud"
+    """``local``: predict this machine at ``nproc`` processes of ``threads`` threads."""
+    nproc: int = 1
+    threads: int | None = None
+
+
+def build_plan(choices: PlanChoices, *, log: Callable[[str], None]) -> Plan:
+    """Everything ``skylift plan`` does: measure or find the measurement, predict, rank."""
     from skylift.config.load import load_config
 
-    if args.epochs <= 0:
-        raise SkyliftConfigError("--epochs must be positive", f"e.g. skylift plan {args.config} --epochs 10")
-    config = load_config(args.config, args.overrides)
-    source, measurement = find_or_measure(args.config, args.overrides, config.model_dump(mode="json"), args.bench, log)
+    if choices.epochs <= 0:
+        raise SkyliftConfigError("--epochs must be positive", f"e.g. skylift plan {choices.config_path} --epochs 10")
+    overrides = list(choices.overrides)
+    config = load_config(choices.config_path, overrides)
+    source, measurement = find_or_measure(choices.config_path, overrides, config.model_dump(mode="json"),
+                                          choices.bench, log)  # fmt: skip
     # The command line wins over the config's plan section, which wins over the defaults.
     chosen = config.plan
-    rate = args.interruptions_per_hour if args.interruptions_per_hour is not None else chosen.interruptions_per_hour
-    restart_minutes = args.restart_minutes if args.restart_minutes is not None else chosen.restart_minutes
-    args.price_file = args.price_file or chosen.price_file
+    rate = choices.interruptions_per_hour if choices.interruptions_per_hour is not None else chosen.interruptions_per_hour
+    restart_minutes = choices.restart_minutes if choices.restart_minutes is not None else chosen.restart_minutes
     request = PlanRequest(
-        epochs=args.epochs, deadline_hours=deadline_hours, budget_usd=args.budget_usd, spot=args.spot,
-        efficiency=args.efficiency, interruptions_per_hour=rate,
+        epochs=choices.epochs, deadline_hours=choices.deadline_hours, budget_usd=choices.budget_usd,
+        spot=choices.spot, efficiency=choices.efficiency, interruptions_per_hour=rate,
         restart_s=restart_minutes * 60.0, checkpoint_every_minutes=config.checkpoint.every_minutes,
         checkpoint_async=config.checkpoint.async_save, global_batch_size=config.data.global_batch_size,
-        samples_per_epoch=args.samples_per_epoch, memory=_model_memory(config, measurement),
+        samples_per_epoch=choices.samples_per_epoch, memory=_model_memory(config, measurement),
         sharding=Sharding.of(config.distributed, 1),  # each candidate: over its own ranks
         elastic_nodes=(nodes.min, nodes.max) if (nodes := config.distributed.nodes) else None,
     )  # fmt: skip
-    if args.samples_per_epoch is not None and args.samples_per_epoch < 1:
+    if choices.samples_per_epoch is not None and choices.samples_per_epoch < 1:
         raise SkyliftConfigError("--samples-per-epoch must be at least 1", "e.g. --samples-per-epoch 1281167")
-    if args.machine == "local":
-        candidates = [_local_candidate(measurement, args.nproc, args.threads, request)]
+    if choices.machine == "local":
+        candidates = [_local_candidate(measurement, choices.nproc, choices.threads, request)]
     else:
-        candidates = plan_candidates(measurement, _rows(args), request)
+        candidates = plan_candidates(measurement, _rows(choices, choices.price_file or chosen.price_file), request)
     assumptions = _assumptions(source, measurement, request, candidates)
-    return Plan(measurement_source=source, measurement=measurement, epochs=args.epochs, candidates=candidates,
+    return Plan(measurement_source=source, measurement=measurement, epochs=choices.epochs, candidates=candidates,
                 assumptions=assumptions)  # fmt: skip
 
 
@@ -94,25 +125,20 @@ def find_or_measure(config_path: str, overrides: list[str], resolved: dict, benc
     return str(path), measurement
 
 
-def _rows(args: argparse.Namespace) -> list:
+def _rows(choices: PlanChoices, price_file: str | None) -> list:
     from skylift.catalog import filter_rows, load_catalog
 
-    rows = filter_rows(load_catalog(args.price_file), gpus=_split(args.gpus), providers=_split(args.providers))
-    instances = _split(args.instances)
-    if instances:
+    rows = filter_rows(load_catalog(price_file), gpus=list(choices.gpus), providers=list(choices.providers))
+    if choices.instances:
         known = {row.instance_type for row in rows}
-        missing = [name for name in instances if name not in known]
+        missing = [name for name in choices.instances if name not in known]
         if missing:
             raise SkyliftConfigError(f"--instances: not in the catalog (after filters): {', '.join(missing)}",
                                      "list them with: skylift catalog")  # fmt: skip
-        rows = [row for row in rows if row.instance_type in instances]
+        rows = [row for row in rows if row.instance_type in choices.instances]
     if not rows:
         raise SkyliftConfigError("no catalog row matches --providers/--gpus/--instances", "list them: skylift catalog")
     return rows
-
-
-def _split(text: str | None) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()] if text else []
 
 
 def _local_candidate(measurement: Measurement, nproc: int, threads: int | None, request: PlanRequest) -> Candidate:

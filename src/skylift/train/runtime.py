@@ -432,7 +432,7 @@ class Runtime:
         """Finish the run (with ``from_config``), stop every background thread, and end the
         process: exit code 143 after a preemption (run the same command again to resume),
         3 after a guard's stop (``monitor.guards``), else ``exit_code`` (default 0)."""
-        from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_REQUEUE
+        from skylift.errors import EXIT_FAILURE
         from skylift.loop.agreement import StopReason
 
         code = exit_code if exit_code is not None else 0
@@ -445,10 +445,10 @@ class Runtime:
                 report = write_run_report(self.config) if self.dist.is_main else None  # before exporters close
             finally:
                 self.services.close()
-            preempted = self.stopped == StopReason.NAMES[StopReason.PREEMPTED]
-            if exit_code is None and self.stopped is not None:
-                guarded = self.stopped == StopReason.NAMES[StopReason.GUARD]
-                code = EXIT_REQUEUE if preempted else EXIT_GUARD if guarded else EXIT_FAILURE
+            stopped = StopReason.of_label(self.stopped)
+            if exit_code is None:
+                code = stopped.exit_code
+            preempted = stopped is StopReason.PREEMPTED
             if self.dist.is_main:
                 self._say_where_it_ended(samples_per_s, preempted, report)
             if self.services.unsaved is not None:  # the final checkpoint failed: not a success

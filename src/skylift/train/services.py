@@ -337,7 +337,7 @@ class RunServices:
         """Every rank at the same boundary: stop without saving, and say why."""
         if self.context.is_distributed:
             self.agreement.flush()  # no rank is left in the exchange in flight
-        state.stop_requested = self.stopped = StopReason.NAMES[StopReason.ROOT_LOST]
+        state.stop_requested = self.stopped = StopReason.ROOT_LOST.label
         self.record_saves()
         lease = self.checkpointing.lease if self.checkpointing is not None else None
         lost_lease = lease is not None and lease.lost is not None

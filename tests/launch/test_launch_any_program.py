@@ -77,7 +77,7 @@ def test_a_kill_9_of_the_launchers_group_leaves_no_worker_alive(tmp_path):
         family.remember_family()
         os.killpg(process.pid, signal.SIGKILL)  # the launcher's group; torchrun's workers are in their own
         process.wait(10)
-        gone, alive = psutil.wait_procs(workers, timeout=10)
+        _gone, alive = psutil.wait_procs(workers, timeout=10)
         assert not alive, f"workers still running after the launcher was killed: {alive}"
         steps = [(tmp_path / f"step{rank}").read_text() for rank in range(2)]
         time.sleep(0.5)

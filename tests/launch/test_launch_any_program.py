@@ -144,3 +144,47 @@ def test_a_console_script_that_is_not_python_is_refused_in_one_line(cli_here, tm
     assert "is not a Python console script" in result.stderr and "Traceback" not in result.stderr
     result = cli_here("launch", "--nproc", "2", "--", "no-such-program-anywhere")
     assert result.returncode == 2 and "neither a script nor a command on the PATH" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_second_launch_on_the_same_checkpoint_root_is_refused_in_one_line(tmp_path, cli):
+    root = tmp_path / "root"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "skylift", "launch", "--nproc", "2", "--no-doctor", "--checkpoint-root", str(root),
+         "--", "python", str(PROGRAMS / "plain_job.py"), str(tmp_path)],
+        cwd=REPO_ROOT, env=_environment(), stdout=(tmp_path / "launch.log").open("w"), stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    family = ProcessFamily(first)
+    try:
+        _wait_for(lambda: _workers_started(tmp_path), "workers never started", first, tmp_path)
+        second = cli("launch", "--nproc", "2", "--no-doctor", "--checkpoint-root", str(root), "--",
+                     "python", str(PROGRAMS / "plain_job.py"), str(tmp_path / "second"), env=_environment())
+    finally:
+        family.kill()
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr and not (tmp_path / "second").exists()
+    [line] = [line for line in second.stderr.splitlines() if "is in use" in line]
+    assert f"checkpoint root {root} is in use" in line and "run owned by job skylift-launch-" in line
+
+
+def test_a_skylift_worker_joins_its_launchers_lease_and_a_stranger_is_refused(tmp_path, monkeypatch):
+    from skylift.checkpoint.lease import LAUNCH_LEASE_VARIABLE, LeaseHeldError, RunLease, current_holder
+    from skylift.launch.run_lease import take_launch_lease
+    from skylift.storage import open_store
+
+    launcher_lease, variables = take_launch_lease(str(tmp_path))
+    try:
+        with pytest.raises(LeaseHeldError, match="run owned by job skylift-launch-"):
+            RunLease(open_store(str(tmp_path))).acquire()  # a job that is not this launcher's
+        monkeypatch.setenv(LAUNCH_LEASE_VARIABLE, variables[LAUNCH_LEASE_VARIABLE])
+        worker_lease = RunLease(open_store(str(tmp_path)))
+        worker_lease.acquire()  # the Runtime inside a launched worker: joins
+        worker_lease.check()
+        worker_lease.release()  # leaves the launcher's lease as it was
+        holder = current_holder(open_store(str(tmp_path)))
+        assert holder["owner"] == launcher_lease.owner and not holder["released"]
+    finally:
+        launcher_lease.release()
+    assert current_holder(open_store(str(tmp_path)))["released"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from skylift.cli.options import add_topology_arguments, topology_from
 from skylift.integrations.attach import ATTACH_VARIABLE
@@ -70,6 +71,7 @@ def execute(args: argparse.Namespace) -> int:
                                enforce=not args.no_doctor)  # fmt: skip
     from skylift.launch.notice_relay import NoticeRelay
 
+    lease = _take_lease()
     relay = NoticeRelay()
     # The workers die with this process (a kill -9 of it leaves none training) and read the relayed notice.
     os.environ.update({LAUNCHER_PID_VARIABLE: str(os.getpid()), **relay.environment()})
@@ -78,7 +80,22 @@ def execute(args: argparse.Namespace) -> int:
         code = launch_workers(topology, entry, module=True, facts=facts)
     finally:
         relay.stop()
+        if lease is not None:
+            lease.release()
     return _after_a_notice(code, relay)
+
+
+def _take_lease() -> Any:
+    """The checkpoint root's run lease, for whatever the workers run (None without a root)."""
+    from skylift.config.script_environment import ScriptEnvironment
+    from skylift.launch.run_lease import take_launch_lease
+
+    root = ScriptEnvironment.read().checkpoint_root
+    if not root:
+        return None
+    lease, variables = take_launch_lease(root)
+    os.environ.update(variables)
+    return lease
 
 
 def console_script(name: str) -> str:
@@ -104,7 +121,7 @@ def console_script(name: str) -> str:
     return found
 
 
-def _after_a_notice(code: int, relay: object) -> int:
+def _after_a_notice(code: int, relay: Any) -> int:
     """After a relayed notice the machine is going away: a worker that saved and ended
     (0), or was ended by the signal, means "run again", 143; another code stays."""
     from skylift.errors import EXIT_REQUEUE

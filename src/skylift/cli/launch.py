@@ -106,10 +106,12 @@ def console_script(name: str) -> str:
         SkyliftConfigError: no such file or command, or a command that is not a Python script.
     """
     import shutil
+    import sysconfig
 
     from skylift.errors import SkyliftConfigError
 
-    found = shutil.which(name)
+    # This interpreter's own scripts folder too: `.venv/bin/python -m skylift` runs without the venv on the PATH.
+    found = shutil.which(name) or shutil.which(name, path=sysconfig.get_path("scripts"))
     if found is None:
         raise SkyliftConfigError(f"{name!r} is neither a script nor a command on the PATH",
                                  hint="Check the path after --, or install the program into this environment.")

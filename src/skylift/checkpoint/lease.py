@@ -31,6 +31,7 @@ from skylift.storage import StorageError, StorageNotFoundError, StoragePrecondit
 from skylift.storage.base import Chunks
 
 __all__ = [
+    "LAUNCH_LEASE_VARIABLE",
     "LEASE_FOLDER",
     "FencedStore",
     "LeaseHeldError",
@@ -45,6 +46,9 @@ log = logging.getLogger("skylift")
 LEASE_FOLDER = "lease"
 ELASTIC_JOB_PREFIX = "skylift-"
 """The rendezvous ids of skylift's elastic jobs (``skylift.launch.elastic.rendezvous_id``)."""
+LAUNCH_LEASE_VARIABLE = "SKYLIFT_LAUNCH_LEASE"
+"""The owner id of the lease ``skylift launch`` holds for its workers: a worker's lease
+finding that owner live joins it (reads, never writes) instead of refusing its own job."""
 _GENERATION_NAME = re.compile(r"^(\d+)\.json$")
 
 
@@ -109,6 +113,11 @@ class RunLease:
         self._lock = threading.Lock()  # one renewal at a time: the heartbeat's or a step boundary's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._joined = False  # the launcher's lease: checked, never written
+
+    def _launcher_holds(self, holder: dict[str, Any]) -> bool:
+        launcher = os.environ.get(LAUNCH_LEASE_VARIABLE)
+        return bool(launcher) and holder.get("owner") == launcher and not holder.get("released")
 
     @property
     def lost(self) -> str | None:
@@ -122,6 +131,10 @@ class RunLease:
         # Read first, then create exclusively: some S3-compatible servers ignore
         # If-None-Match, and the create alone would let a second job take a live lease.
         holder = _read(self.store, current) if current else None
+        if holder is not None and self._launcher_holds(holder):
+            self.generation, self._joined = current, True
+            self._confirmed_at = time.monotonic()
+            return
         if holder is not None:
             self._refuse_if_live(holder, current)
             if not holder.get("released"):
@@ -168,7 +181,8 @@ class RunLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self.generation is None or self._lost is not None:
+        if self.generation is None or self._lost is not None or self._joined:
+            self.generation = None
             return
         with self._lock:
             try:
@@ -199,7 +213,8 @@ class RunLease:
                 if newer or self.generation not in generations:
                     self._lost = self._lost_message(newer)
                     return
-                self.store.write_bytes(lease_key(self.generation), self._record())
+                if not self._joined:  # the launcher renews its own lease
+                    self.store.write_bytes(lease_key(self.generation), self._record())
             except Exception as error:  # a missed heartbeat is retried at the next beat
                 self._last_renewal_failed = True
                 log.warning("lease heartbeat failed: %s", error)

@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from skylift.cli.options import add_topology_arguments, topology_from
+from skylift.integrations.attach import ATTACH_VARIABLE
+from skylift.loop.lifeline import LAUNCHER_PID_VARIABLE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the run folder (metrics, report, final model): sets SKYLIFT_RUN_DIR")
     parser.add_argument("--dry-run", action="store_true", help="print the torchrun command; start nothing")
     parser.add_argument("--no-doctor", action="store_true", help="start without the doctor's job checks")
+    parser.add_argument("--no-attach", action="store_true",
+                        help="leave the program's Trainers alone: no SkyliftCallback, no automatic resume "
+                        "(sets SKYLIFT_ATTACH=0)")
     parser.add_argument(
         "script_command",
         nargs=argparse.REMAINDER,
         metavar="-- SCRIPT [ARGS ...]",
-        help="after --: the script and its arguments, e.g. -- python train.py --epochs 3 (or -- -m pkg.module)",
+        help="after --: the program and its arguments, e.g. -- python train.py --epochs 3, -- -m pkg.module, "
+        "or a Python console script on the PATH: -- trl sft --config sft.yaml",
     )
 
 
@@ -45,10 +52,12 @@ def execute(args: argparse.Namespace) -> int:
             "no script given", hint="Example: skylift launch --nproc 2 -- python train.py --epochs 3"
         )
     if command[0] != "-m" and not os.path.isfile(command[0]):
-        raise SkyliftConfigError(f"script {command[0]!r} does not exist", hint="Check the path after --.")
+        command = [console_script(command[0]), *command[1:]]
     topology = topology_from(args)
     entry = ["skylift.cli.shim", *command]
     told = _script_environment(args)
+    if args.no_attach:
+        told[ATTACH_VARIABLE] = "0"
     if args.dry_run:
         for name, value in told.items():
             print(f"{name}={value}")
@@ -60,7 +69,72 @@ def execute(args: argparse.Namespace) -> int:
 
     facts = check_before_start(None, command="launch", nproc=topology.nproc, nnodes=topology.nnodes,
                                enforce=not args.no_doctor)  # fmt: skip
-    return launch_workers(topology, entry, module=True, facts=facts)
+    from skylift.launch.notice_relay import NoticeRelay
+
+    lease = _take_lease()
+    relay = NoticeRelay()
+    # The workers die with this process (a kill -9 of it leaves none training) and read the relayed notice.
+    os.environ.update({LAUNCHER_PID_VARIABLE: str(os.getpid()), **relay.environment()})
+    relay.start()
+    try:
+        code = launch_workers(topology, entry, module=True, facts=facts)
+    finally:
+        relay.stop()
+        if lease is not None:
+            lease.release()
+    return _after_a_notice(code, relay)
+
+
+def _take_lease() -> Any:
+    """The checkpoint root's run lease, for whatever the workers run (None without a root)."""
+    from skylift.config.script_environment import ScriptEnvironment
+    from skylift.launch.run_lease import take_launch_lease
+
+    root = ScriptEnvironment.read().checkpoint_root
+    if not root:
+        return None
+    lease, variables = take_launch_lease(root)
+    os.environ.update(variables)
+    return lease
+
+
+def console_script(name: str) -> str:
+    """The file of a Python console script on the PATH (``trl``, ``axolotl``,
+    ``llamafactory-cli``): the workers run it as ``python FILE`` would.
+
+    Raises:
+        SkyliftConfigError: no such file or command, or a command that is not a Python script.
+    """
+    import shutil
+    import sysconfig
+
+    from skylift.errors import SkyliftConfigError
+
+    # This interpreter's own scripts folder too: `.venv/bin/python -m skylift` runs without the venv on the PATH.
+    found = shutil.which(name) or shutil.which(name, path=sysconfig.get_path("scripts"))
+    if found is None:
+        raise SkyliftConfigError(f"{name!r} is neither a script nor a command on the PATH",
+                                 hint="Check the path after --, or install the program into this environment.")
+    with open(found, "rb") as handle:
+        first_line = handle.readline(200)
+    if not (first_line.startswith(b"#!") and b"python" in first_line):
+        raise SkyliftConfigError(f"{name!r} ({found}) is not a Python console script, so skylift cannot run it "
+                                 "in its workers", hint="Give the Python script after --: -- python train.py ...")
+    return found
+
+
+def _after_a_notice(code: int, relay: Any) -> int:
+    """After a relayed notice the machine is going away: a worker that saved and ended
+    (0), or was ended by the signal, means "run again", 143; another code stays."""
+    from skylift.errors import EXIT_REQUEUE
+
+    if getattr(relay, "relayed", None) is None or code == EXIT_REQUEUE:
+        return code
+    if code in (0, 1, 128 + 15, 128 + 9):  # torchrun reports a worker ended by a signal as 1
+        print(f"skylift: the workers stopped for the cloud's notice; exit {EXIT_REQUEUE} (requeue to resume)",
+              file=sys.stderr)
+        return EXIT_REQUEUE
+    return code
 
 
 def _script_environment(args: argparse.Namespace) -> dict[str, str]:

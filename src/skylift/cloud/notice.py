@@ -32,6 +32,7 @@ from skylift.errors import SkyliftConfigError
 __all__ = [
     "DEFAULT_SIGNAL_GRACE_S",
     "NOTICE_WINDOW_S",
+    "RELAYED_NOTICE_VARIABLE",
     "NoticeKind",
     "NoticeWatcher",
     "Poller",
@@ -50,6 +51,11 @@ NoticeKind = Literal["spot-termination", "rebalance", "maintenance", "signal"]
 
 DEFAULT_SIGNAL_GRACE_S = 30.0
 """Signal deadline off any known cloud: Kubernetes' default terminationGracePeriodSeconds."""
+
+RELAYED_NOTICE_VARIABLE = "SKYLIFT_RELAYED_NOTICE"
+"""A file where ``skylift launch`` writes the cloud notice it turned into the workers'
+SIGTERM: a worker's signal handler reports that notice (its deadline) instead of a
+guessed window."""
 
 DMI_DIR = Path("/sys/class/dmi/id")
 
@@ -320,7 +326,8 @@ def watch_signals(
     def handle(signal_number: int, frame: FrameType | None) -> None:
         now_s = time.time()
         name = signal.Signals(signal_number).name
-        on_notice(PreemptionNotice(cloud, "signal", name, received_at_s=now_s, deadline_s=now_s + window_s))
+        relayed = _relayed_notice() if signal_number == signal.SIGTERM else None
+        on_notice(relayed or PreemptionNotice(cloud, "signal", name, received_at_s=now_s, deadline_s=now_s + window_s))
 
     previous = {number: signal.signal(number, handle) for number in signals}
 
@@ -330,3 +337,19 @@ def watch_signals(
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
     return restore
+
+
+def _relayed_notice() -> PreemptionNotice | None:
+    """The notice the launcher relayed as this SIGTERM, if it wrote one (see
+    :data:`RELAYED_NOTICE_VARIABLE`); None for any other SIGTERM."""
+    import json
+
+    path = os.environ.get(RELAYED_NOTICE_VARIABLE)
+    if not path:
+        return None
+    try:
+        record = json.loads(Path(path).read_text())
+        return PreemptionNotice(record["cloud"], record["kind"], record["detail"],
+                                received_at_s=float(record["received_at_s"]), deadline_s=record["deadline_s"])
+    except (OSError, ValueError, KeyError, TypeError):  # no notice relayed: a plain SIGTERM
+        return None

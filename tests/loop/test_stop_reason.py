@@ -48,7 +48,8 @@ def test_no_module_maps_a_stop_to_an_exit_code_of_its_own():
     """The guard and requeue codes are named only where StopReason defines them and where a
     process that is not a worker ends (the watchdog, the launcher and the elastic agent)."""
     allowed = {"errors.py", "loop/agreement.py", "monitor/guards.py", "launch/launcher.py", "launch/elastic.py",
-               "launch/elastic_agent.py", "submit/kubernetes.py", "submit/skypilot.py"}
+               "launch/elastic_agent.py", "submit/kubernetes.py", "submit/skypilot.py",
+               "cli/launch.py"}  # skylift launch: a relayed notice ends the launch 143
     users = set()
     for path in SOURCE.rglob("*.py"):
         names = {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}

@@ -120,6 +120,9 @@ def test_one_instance_checkpoints_where_sagemaker_syncs_and_reads_the_mounted_ch
     assert body["AlgorithmSpecification"]["ContainerEntrypoint"] == ["skylift"]
     assert arguments[:4] == ["run", "examples/quickstart.yaml", "--resume", "auto"]
     assert "checkpoint.root=/opt/ml/checkpoints" in arguments
+    # The run folder where SageMaker uploads it at the end (the request replaces the image's
+    # entry point, which would have put it there).
+    assert arguments[arguments.index("run_dir=/opt/ml/model") - 1] == "--set"
     assert body["CheckpointConfig"] == {"S3Uri": "s3://bucket-1250000000/runs/quick/",
                                         "LocalPath": "/opt/ml/checkpoints"}
     assert "data.url=/opt/ml/input/data/train" in arguments

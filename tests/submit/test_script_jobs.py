@@ -28,7 +28,8 @@ def test_sagemaker_runs_skylift_launch_on_the_script_within_the_service_model(in
     spec = body["AlgorithmSpecification"]
     # One instance: SageMaker's synced folder; several: the S3 root every rank commits to.
     root = sagemaker.CHECKPOINT_LOCAL_PATH if instances == 1 else root_for("sagemaker")
-    assert spec["ContainerEntrypoint"] + spec["ContainerArguments"] == launch_argv(root)
+    # The run folder is SageMaker's model directory, which it uploads when the job ends.
+    assert spec["ContainerEntrypoint"] + spec["ContainerArguments"] == launch_argv(root, run_dir="/opt/ml/model")
     assert ("CheckpointConfig" in body) is (instances == 1)
     assert "InputDataConfig" not in body  # a script reads its own data
     assert body["TrainingJobName"].startswith("skylift-own-loop-")
@@ -39,7 +40,7 @@ def test_moto_accepts_the_script_job(moto_server, vendor_credentials):
     client = _client(moto_server.endpoint_url)
     client.create_training_job(**request.body)  # botocore validates the parameters first
     job = client.describe_training_job(TrainingJobName=request.body["TrainingJobName"])
-    assert job["AlgorithmSpecification"]["ContainerArguments"] == launch_argv(sagemaker.CHECKPOINT_LOCAL_PATH)[1:]
+    assert job["AlgorithmSpecification"]["ContainerArguments"] == launch_argv(sagemaker.CHECKPOINT_LOCAL_PATH, run_dir="/opt/ml/model")[1:]
     assert job["CheckpointConfig"]["S3Uri"] == root_for("sagemaker") + "/"
 
 

@@ -53,6 +53,9 @@ __all__ = [
 
 NAME = "sagemaker"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+MODEL_LOCAL_PATH = "/opt/ml/model"
+"""What SageMaker uploads as ``model.tar.gz`` under ``OutputDataConfig.S3OutputPath`` when
+the job ends (its documented model directory): the job's run folder."""
 STOP_GRACE_S = 120.0
 """``StopTrainingJob`` and spot interruptions: SIGTERM, then SIGKILL this much later
 (``docker stop -t120``); the workers save within it, less torchrun's shutdown margin."""
@@ -99,7 +102,9 @@ def build(job: JobSpec) -> SubmitRequest:
     _, bucket, _ = parse_store_url(checkpoint_uri)
     channels, data_overrides = _channels(job)
     checkpoint_config, checkpoint_overrides = _checkpointing(job, checkpoint_uri)
-    command = job.command({**checkpoint_overrides, **data_overrides})
+    # The run folder (metrics, report, final model) where SageMaker uploads it when the job
+    # ends: the request's ContainerEntrypoint replaces the image's, which would have set it.
+    command = job.command({"run_dir": MODEL_LOCAL_PATH, **checkpoint_overrides, **data_overrides})
     body: dict[str, Any] = {
         "TrainingJobName": job.name,
         "RoleArn": role_arn,

@@ -91,8 +91,9 @@ class JobSpec:
         """``skylift launch`` argv of a script job: the platform's checkpoint root and save
         window as launch's flags (a script job mounts no data: the script reads its own)."""
         argv = ["skylift", "launch", "--checkpoint-root", overrides["checkpoint.root"]]
-        if self.run_dir:
-            argv += ["--run-dir", self.run_dir]
+        run_dir = overrides.get("run_dir") or self.run_dir  # the platform's folder that persists wins
+        if run_dir:
+            argv += ["--run-dir", run_dir]
         grace_s = overrides.get("preemption.grace_s") or (f"{self.grace_s:g}" if self.grace_s is not None else None)
         if grace_s:
             argv += ["--grace-s", grace_s]

@@ -31,7 +31,7 @@ def _config(run_dir: Path, shards_url: str, endpoint_url: str, steps: int) -> di
         "device": "cpu",
         "precision": "auto",
         "channels_last": True,
-        "model": {"name": "resnet18", "num_classes": 10},
+        "recipe": {"name": "image_classification", "model": "resnet18", "num_classes": 10},
         "data": {
             "url": shards_url, "endpoint_url": endpoint_url, "global_batch_size": BATCH_SIZE,
             "num_workers": NUM_WORKERS, "cache_dir": str(run_dir / "cache"), "cache_limit_gib": 4.0,

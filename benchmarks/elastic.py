@@ -50,7 +50,7 @@ WAYS = ("notice", "sigkill")
 
 def _overrides(folder: Path, width: int, max_steps: int) -> list[str]:
     return [
-        f"run_dir={folder / 'run'}", f"checkpoint.root={folder / 'checkpoints'}", f"model.width={width}",
+        f"run_dir={folder / 'run'}", f"checkpoint.root={folder / 'checkpoints'}", f"recipe.width={width}",
         "precision=fp32", f"schedule.max_steps={max_steps}", "schedule.warmup_steps=2", "checkpoint.every_steps=3",
         "checkpoint.every_minutes=null", "monitor.log_every_steps=1", "monitor.tensorboard=false",
         "monitor.report=false", "preemption.cloud=aws", "preemption.poll_interval_s=0.05", "preemption.grace_s=60",

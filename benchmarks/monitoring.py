@@ -173,7 +173,7 @@ def measure_autotune(args: argparse.Namespace, threads: int, cache_dir: str) -> 
         url = write_jpeg_shards(Path(folder), args.images)
         steps = args.autotune_window_start + args.timed_steps
         base = [
-            "device=cpu", "precision=fp32", "model.name=small_cnn", "model.width=16", f"data.url={url}",
+            "device=cpu", "precision=fp32", "recipe.model=small_cnn", "recipe.width=16", f"data.url={url}",
             f"data.cache_dir={cache_dir}", f"data.global_batch_size={JPEG_BATCH}", "schedule.epochs=100",
             f"schedule.max_steps={steps}", "schedule.warmup_steps=0", "monitor.progress_bar='off'",
             "monitor.tensorboard=false", "checkpoint.enabled=false", "preemption.cloud='off'",

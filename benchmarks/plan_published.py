@@ -47,8 +47,8 @@ from skylift.plan.model import Target, predict_step
 from skylift.plan.published import PublishedRow, load_published
 
 TARGET_MEAN, TARGET_WORST = 0.10, 0.20
-RESNET = ("examples/resnet18_synthetic.yaml", ["model.name=resnet50", "model.num_classes=1000", "data.image_size=224",
-                                               "data.num_samples=64", "data.global_batch_size=4"])  # fmt: skip
+RESNET = ("examples/resnet18_synthetic.yaml", ["recipe.model=resnet50", "recipe.num_classes=1000", "recipe.image_size=224",
+                                               "recipe.num_samples=64", "data.global_batch_size=4"])  # fmt: skip
 """ResNet-50 v1.5 (torchvision's) at 224 px on synthetic images, 4 per step: the bench's structure."""
 
 _PRECISION = {"amp": "fp16", "tf32": "tf32", "fp32": "fp32"}

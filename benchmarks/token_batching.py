@@ -81,9 +81,9 @@ class StepClock(Callback):
 def overrides(arm: str, run_dir: str, total_steps: int) -> list[str]:
     return [
         f"run_dir={run_dir}", f"seed={SEED}", "device=cpu", "precision=fp32",
-        "recipe.name=text_classification", "model.name=minilm_l6",
-        "data.dataset=synthetic_text", f"data.num_samples={NUM_SAMPLES}", "data.val_fraction=0.05",
-        f"data.max_length={MAX_LENGTH}", f"data.batching={arm}", f"data.global_batch_size={BATCH_SIZE}",
+        "recipe.name=text_classification", "recipe.model=minilm_l6",
+        "recipe.dataset=synthetic_text", f"recipe.num_samples={NUM_SAMPLES}", "data.val_fraction=0.05",
+        f"recipe.max_length={MAX_LENGTH}", f"data.batching={arm}", f"data.global_batch_size={BATCH_SIZE}",
         f"data.max_tokens={MAX_TOKENS}", "data.num_workers=0",
         "optim.name=adamw", f"optim.lr={LR}", "optim.implementation=foreach",
         "schedule.lr_schedule=constant", "schedule.warmup_steps=0", "schedule.epochs=1",

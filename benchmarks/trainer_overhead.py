@@ -123,9 +123,9 @@ class StepClock(Callback):
 def skylift_overrides(spec: RunSpec, run_dir: str) -> list[str]:
     return [
         f"run_dir={run_dir}", f"seed={SEED}", "device=cpu", f"precision={spec.precision}",
-        f"model.name={MODEL_NAME}", f"model.num_classes={NUM_CLASSES}",
-        "data.dataset=synthetic_images", f"data.image_size={IMAGE_SIZE_PX}",
-        f"data.num_samples={len(spec.data)}", f"data.global_batch_size={BATCH_SIZE}", "data.num_workers=0",
+        f"recipe.model={MODEL_NAME}", f"recipe.num_classes={NUM_CLASSES}",
+        "recipe.dataset=synthetic_images", f"recipe.image_size={IMAGE_SIZE_PX}",
+        f"recipe.num_samples={len(spec.data)}", f"data.global_batch_size={BATCH_SIZE}", "data.num_workers=0",
         "optim.name=adamw", f"optim.lr={LR}", f"optim.weight_decay={WEIGHT_DECAY}",
         "optim.implementation=foreach", f"optim.grad_clip_norm={GRAD_CLIP_NORM}",
         "schedule.lr_schedule=constant", "schedule.warmup_steps=0", "schedule.epochs=1",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).parents[1]
@@ -82,6 +83,26 @@ def test_the_config_reference_lists_every_field():
     page = _hook()._config_page()
     missing = [key for key in _keys(RunConfig) if f"| `{key}` |" not in page]
     assert missing == []
+
+
+def test_the_config_reference_lists_every_builtin_recipe_setting():
+    from skylift.recipes.settings import BUILTIN_SETTINGS
+
+    page = _hook()._config_page()
+    missing = [f"{name}: recipe.{key}" for name, (_, settings) in BUILTIN_SETTINGS.items()
+               for key in settings.model_fields if f"| `recipe.{key}` |" not in page.split(f"`recipe.name: {name}`")[-1]]
+    assert missing == []
+    assert all(f"### `recipe.name: {name}`" in page for name in BUILTIN_SETTINGS)
+
+
+@pytest.mark.parametrize("override", ["optim.learning_rate=0.1", "model.name=resnet18"])
+def test_getting_started_shows_the_config_errors_as_printed(capsys, monkeypatch, override):
+    from skylift.cli.main import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["run", "examples/quickstart.yaml", "--set", override]) == 2
+    printed = capsys.readouterr().err.strip()
+    assert f"```\n{printed}\n```" in (DOCS / "getting-started.md").read_text(encoding="utf-8")
 
 
 def test_the_api_reference_covers_every_package():

@@ -8,9 +8,10 @@ never breaks the docs build:
   module. mkdocstrings reads the docstrings with griffe's static analysis: nothing is
   imported, torch included.
 - ``reference/config.md``: every field of ``skylift.config.RunConfig``, section by
-  section, with its YAML key, type, default and docstring, read from the pydantic
-  models themselves (``use_attribute_docstrings`` turns each field's docstring into
-  its ``description``). Importing ``skylift.config`` does not import torch.
+  section, and every built-in recipe's settings (``skylift.recipes.settings``), with its
+  YAML key, type, default and docstring, read from the pydantic models themselves (``use_attribute_docstrings`` turns each field's docstring into
+  its ``description``). Importing ``skylift.config`` and ``skylift.recipes.settings``
+  does not import torch.
 """
 
 from __future__ import annotations
@@ -217,7 +218,35 @@ def _config_page() -> str:
             rows.append(f"| `{key}` | {kind} | {_default(field)} | {_cell(field.description or '')} |")
         lines += rows + [""]
         sections = nested + sections
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _recipe_settings_sections()) + "\n"
+
+
+def _recipe_settings_sections() -> list[str]:
+    """One section per built-in recipe: its settings, the keys beside ``recipe.name``
+    (its ``Settings`` class, torch-free like the schema)."""
+    from skylift.recipes.settings import BUILTIN_SETTINGS
+
+    lines = [
+        "## The recipes' settings",
+        "",
+        "A recipe's own settings sit flat under `recipe:`, beside `recipe.name`, and its",
+        "`Settings` class validates them (`skylift check` and `skylift submit` check a built-in",
+        "recipe's without importing torch). A recipe of your own declares its `Settings`",
+        "(a subclass of `skylift.recipes.RecipeSettings`; see [your own code](../own-code.md)).",
+        "",
+    ]
+    for name, (_, settings_class) in BUILTIN_SETTINGS.items():
+        lines += [f"### `recipe.name: {name}`", ""]
+        doc = (settings_class.__doc__ or "").strip()
+        if doc:
+            lines += [" ".join(doc.split()), ""]
+        lines += [f"Model: `{settings_class.__module__}.{settings_class.__qualname__}`", "",
+                  "| key | type | default | description |", "|---|---|---|---|"]
+        for key, field in settings_class.model_fields.items():
+            lines.append(f"| `recipe.{key}` | {_type_name(field.annotation)} | {_default(field)} | "
+                         f"{_cell(field.description or '')} |")
+        lines.append("")
+    return lines
 
 
 def _anchor(key: str) -> str:

@@ -1,7 +1,7 @@
 """A recipe of your own: a small MLP on 8x8 digits, trained by ``skylift run``.
 
 ``recipe.name: ./tasks.py:DigitsMLP`` in ``own_recipe.yaml`` names this class; its
-``Args`` model validates ``recipe.args``. skylift brings the rest: DDP, precision,
+``Settings`` validates the keys beside it (``recipe.hidden``, ``recipe.layers``). skylift brings the rest: DDP, precision,
 accumulation, streaming from shards (``data.url``, through :meth:`decoder`),
 checkpoints with exact resume, spot notices, monitoring and the report.
 
@@ -14,19 +14,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from skylift.data.datasets import DatasetSplit, digits
-from skylift.recipes import Recipe
+from skylift.recipes import Recipe, RecipeSettings
 from skylift.recipes.base import classification_sums
 
 
 class DigitsMLP(Recipe):
     """Cross-entropy over the 10 digit classes; validation loss and accuracy."""
 
-    class Args(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    class Settings(RecipeSettings):
+        """Refuses an unknown key with the closest valid one, as skylift's sections do."""
 
         hidden: int = Field(default=64, ge=8)
         """Width of the hidden layers."""
@@ -38,8 +38,8 @@ class DigitsMLP(Recipe):
         return digits(self.config.data.val_fraction, self.config.seed)
 
     def build_model(self, data: DatasetSplit) -> nn.Module:
-        width, blocks = self.args.hidden, []
-        for index in range(self.args.layers):
+        width, blocks = self.settings.hidden, []
+        for index in range(self.settings.layers):
             blocks += [nn.Linear(64 if index == 0 else width, width), nn.ReLU()]
         return nn.Sequential(nn.Flatten(), *blocks, nn.Linear(width, data.num_classes))
 

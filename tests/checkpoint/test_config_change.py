@@ -57,11 +57,11 @@ def _steps(run_dir: Path) -> list[str]:
 
 @pytest.mark.parametrize(("changes", "named"), [
     pytest.param(["precision=fp16"], ["precision: fp32 -> fp16"], id="fp16"),
-    pytest.param(["model.width=16"], ["model.width: 32 -> 16"], id="width"),
+    pytest.param(["recipe.width=16"], ["recipe.width: 32 -> 16"], id="width"),
     pytest.param(["optim.name=sgd"], ["optim.name: adamw -> sgd"], id="sgd"),
     pytest.param(["data.val_fraction=0.3"], ["data.val_fraction: 0.2 -> 0.3"], id="val_fraction"),
-    pytest.param(["model.width=16", "optim.name=sgd", "optim.lr=0.01"],
-                 ["model.width: 32 -> 16", "optim.name: adamw -> sgd"], id="several"),
+    pytest.param(["recipe.width=16", "optim.name=sgd", "optim.lr=0.01"],
+                 ["recipe.width: 32 -> 16", "optim.name: adamw -> sgd"], id="several"),
 ])
 def test_a_change_the_state_cannot_take_is_refused_in_one_line(changes, named, cli_here, run_dir):
     """Before: fp16, width and SGD gave tracebacks after "resumed from" (exit 1); the
@@ -164,7 +164,7 @@ def test_a_checkpoint_without_a_recorded_config_still_resumes(cli_here, run_dir)
     """Checkpoints of an earlier skylift record no config: nothing to compare, they load as before."""
     path = run_dir / "checkpoints" / "step-6" / "manifest.json"
     manifest = json.loads(path.read_text())
-    assert manifest.pop("config")["model"]["width"] == 32
+    assert manifest.pop("config")["recipe"]["width"] == 32
     path.write_text(json.dumps(manifest))
     result = _resume(cli_here, run_dir, "optim.lr=0.006")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -21,7 +21,7 @@ from tests.conftest import run_cli
 # (and shows up as exit 0), not for minutes.
 BASE = """\
 run_dir: {run_dir}
-data:
+recipe:
   dataset: digits
 schedule:
   max_steps: 1
@@ -167,5 +167,5 @@ def test_yaml_merge_keys_may_still_override(tmp_path):
     from skylift.config.load import load_config
 
     path = tmp_path / "run.yaml"
-    path.write_text("model:\n  args: &base {width: 8, depth: 2}\nrecipe:\n  args:\n    <<: *base\n    width: 16\n")
-    assert load_config(path).recipe.args == {"width": 16, "depth": 2}
+    path.write_text("recipe:\n  base: &base {width: 8, depth: 2}\n  model_args:\n    <<: *base\n    width: 16\n")
+    assert load_config(path).recipe.model_args == {"width": 16, "depth": 2}

@@ -22,10 +22,11 @@ def test_every_field_is_documented():
 
 def test_required_sections_exist():
     expected = {
-        "recipe", "model", "data", "optim", "schedule", "precision", "accumulation", "compile",
+        "recipe", "data", "optim", "schedule", "precision", "accumulation", "compile",
         "channels_last", "activation_checkpointing", "distributed", "checkpoint", "monitor", "run_dir",
     }
     assert expected <= set(RunConfig.model_fields)
+    assert "model" not in RunConfig.model_fields  # the model is a recipe's setting (recipe.model)
 
 
 def test_overrides_are_typed():
@@ -93,7 +94,7 @@ def test_missing_file_names_it(tmp_path):
 
 
 def test_dump_round_trips(tmp_path):
-    config = load_config(None, ["optim.lr=0.02", "model.name=resnet18"])
+    config = load_config(None, ["optim.lr=0.02", "recipe.model=resnet18"])
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(config))
     assert load_config(path) == config
@@ -110,12 +111,12 @@ def test_yaml_off_means_off():
 
 
 def test_check_refuses_a_bad_builtin_recipe_arg_naming_it(capsys):
-    """The schema leaves ``recipe.args`` to the recipe; ``skylift check`` still checks them."""
+    """The schema leaves the recipe's settings to the recipe; ``skylift check`` still checks them."""
     from skylift.cli.main import main
     from tests.conftest import EXAMPLES
 
-    code = main(["check", str(EXAMPLES / "quickstart.yaml"), "--set", "recipe.args.label_smoothin=0.1"])
+    code = main(["check", str(EXAMPLES / "quickstart.yaml"), "--set", "recipe.label_smoothin=0.1"])
     error = capsys.readouterr().err
     assert code == 2
-    assert "recipe.args.label_smoothin: unknown key. Did you mean 'recipe.args.label_smoothing'?" in error
-    assert "ImageClassification.Args defines them" in error
+    assert "recipe.label_smoothin: unknown key. Did you mean 'recipe.label_smoothing'?" in error
+    assert "ImageClassification.Settings defines its keys" in error

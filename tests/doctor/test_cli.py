@@ -15,8 +15,8 @@ from tests.conftest import REPO_ROOT, run_cli
 
 SHM_CONFIG = """\
 run_dir: {run_dir}
-data: {{dataset: synthetic_images, image_size: 224, num_samples: 64, num_workers: 2, global_batch_size: 64}}
-model: {{name: small_cnn}}
+recipe: {{name: image_classification, model: small_cnn, dataset: synthetic_images, image_size: 224, num_samples: 64}}
+data: {{num_workers: 2, global_batch_size: 64}}
 schedule: {{epochs: 1, max_steps: 1, warmup_steps: 0}}
 """
 

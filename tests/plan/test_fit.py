@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 # The guide's 8-GPU ResNet-50 (SGD, momentum 0.875) on synthetic images of its size: its
 # ImageNet shards are streamed, and a streamed image's shape is known only from a shard.
-RESNET50_8GPU = ["data.url=null", "data.val_url=null", "data.dataset=synthetic_images", "model.num_classes=1000",
+RESNET50_8GPU = ["data.url=null", "data.val_url=null", "recipe.dataset=synthetic_images", "recipe.num_classes=1000",
                  "precision=bf16"]
 
 
@@ -58,7 +58,7 @@ def test_sgd_with_momentum_keeps_one_state_copy_adamw_two_and_plain_sgd_none():
     assert optimizer_state_copies("sgd", 0.9) == 1
     assert optimizer_state_copies("adamw", 0.9) == 2
     assert optimizer_state_copies("sgd", 0.0) == 0
-    base = ["data.dataset=synthetic_images", "model.name=resnet18", "data.image_size=32"]
+    base = ["recipe.dataset=synthetic_images", "recipe.model=resnet18", "recipe.image_size=32"]
     adamw = estimate_memory(load_config(None, [*base, "optim.name=adamw"]), 8, 1)
     sgd = estimate_memory(load_config(None, [*base, "optim.name=sgd", "optim.momentum=0.9"]), 8, 1)
     assert adamw.optimizer_bytes == 2 * sgd.optimizer_bytes == 2 * sgd.parameter_bytes

@@ -113,4 +113,4 @@ def test_an_epoch_too_short_to_time_leaves_a_note_not_a_figure():
     m = structured(micro_batch_size=512, notes=[])  # 1,437 training digits: 3 micro-batches, all untimed warm-up
     _add_input_cpu(m, config)
     assert m.input_cpu_s_per_sample is None
-    assert any("input pipeline CPU time: not measured" in note and "data.num_samples" in note for note in m.notes)
+    assert any("input pipeline CPU time: not measured" in note and "recipe.num_samples" in note for note in m.notes)

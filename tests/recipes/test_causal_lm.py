@@ -72,12 +72,12 @@ def test_rows_need_text_or_prompt_and_completion(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"text": "fine"}\n\n{"prompt": "no completion"}\n')
     with pytest.raises(SkyliftConfigError, match=r"rows.jsonl:3: a row needs \"text\", or \"prompt\" and"):
-        read_jsonl_documents(path, "recipe.args.train_path")
+        read_jsonl_documents(path, "recipe.train_path")
     path.write_text('{"prompt": "q", "completion": 7}\n')
     with pytest.raises(SkyliftConfigError, match=r":1: \"completion\" must be a string, not int"):
-        read_jsonl_documents(path, "recipe.args.train_path")
-    with pytest.raises(SkyliftConfigError, match="recipe.args.val_path: .*missing.jsonl is not a file"):
-        read_jsonl_documents(tmp_path / "missing.jsonl", "recipe.args.val_path")
+        read_jsonl_documents(path, "recipe.train_path")
+    with pytest.raises(SkyliftConfigError, match="recipe.val_path: .*missing.jsonl is not a file"):
+        read_jsonl_documents(tmp_path / "missing.jsonl", "recipe.val_path")
 
 
 def test_prompt_tokens_carry_no_loss_and_packing_predicts_every_token_once(tokenizer):
@@ -93,7 +93,7 @@ def test_prompt_tokens_carry_no_loss_and_packing_predicts_every_token_once(token
             assert all(document.targets)
     stream = [token for document in documents for token in document.ids]
     targets = [flag for document in documents for flag in document.targets]
-    blocks = PackedBlocks(documents, 16, field="recipe.args.train_path")
+    blocks = PackedBlocks(documents, 16, field="recipe.train_path")
     used = len(blocks) * 16
     assert blocks.dropped_tokens == len(stream) - used - 1 < 16
     assert blocks.input_ids.flatten().tolist() == stream[:used]
@@ -137,8 +137,8 @@ def test_shipped_corpus_is_the_generated_one():
 
 
 def test_eval_sums_give_the_loss_and_perplexity_per_labelled_token(files, tmp_path):
-    recipe = CausalLM(lm_config(tmp_path / "run", str(files["model"]), files["train"], "recipe.args.packing=false",
-                                "recipe.args.sequence_length=32"))  # fmt: skip
+    recipe = CausalLM(lm_config(tmp_path / "run", str(files["model"]), files["train"], "recipe.packing=false",
+                                "recipe.sequence_length=32"))  # fmt: skip
     data = recipe.build_datasets()
     model = recipe.build_model(data).eval()
     collate = recipe.collate(train=False)
@@ -172,7 +172,7 @@ def one_step(files):
 
 
 def _one_step_config(files, run_dir, *overrides: str):
-    return lm_config(run_dir, str(files["model"]), files["train"], *SGD_STEP, "recipe.args.sequence_length=16",
+    return lm_config(run_dir, str(files["model"]), files["train"], *SGD_STEP, "recipe.sequence_length=16",
                      "data.global_batch_size=32", "schedule.max_steps=1", "schedule.epochs=1",
                      "checkpoint.enabled=false", "monitor.log_every_steps=1", *overrides, val=files["val"])  # fmt: skip
 
@@ -246,9 +246,9 @@ def test_step_loss_is_per_labelled_token_across_ranks(files, cli):
     across ranks by one all-reduce, and the step equals the one-process reference."""
     run_dir = files["root"] / "two-ranks"
     config = _one_step_config(files, run_dir, "accumulation.steps=2")
-    args = run_args(run_dir, *SGD_STEP, f"recipe.args.model_path={files['model']}",
-                    f"recipe.args.train_path={files['train']}", f"recipe.args.val_path={files['val']}",
-                    "recipe.args.sequence_length=16", "data.global_batch_size=32", "schedule.max_steps=1",
+    args = run_args(run_dir, *SGD_STEP, f"recipe.model_path={files['model']}",
+                    f"recipe.train_path={files['train']}", f"recipe.val_path={files['val']}",
+                    "recipe.sequence_length=16", "data.global_batch_size=32", "schedule.max_steps=1",
                     "schedule.epochs=1", "checkpoint.enabled=false", "monitor.log_every_steps=1",
                     "accumulation.steps=2")  # fmt: skip
     result = cli(*args, "--nproc", "2", env={"OMP_NUM_THREADS": "1"})
@@ -258,15 +258,15 @@ def test_step_loss_is_per_labelled_token_across_ranks(files, cli):
 
 def test_refusals_name_the_field(cli_here, files):
     result = cli_here("check", PRESET, "--set", "data.batching=token_budget")
-    assert result.returncode == 2 and "recipe.args.packing" in result.stderr
-    result = cli_here("check", PRESET, "--set", "recipe.args.packing=false", "--set", "data.batching=token_budget",
-                      "--set", "data.max_tokens=1024", "--set", "recipe.args.sequence_length=2048")
+    assert result.returncode == 2 and "recipe.packing" in result.stderr
+    result = cli_here("check", PRESET, "--set", "recipe.packing=false", "--set", "data.batching=token_budget",
+                      "--set", "data.max_tokens=1024", "--set", "recipe.sequence_length=2048")
     assert result.returncode == 2 and "sequence_length (2048) exceeds data.max_tokens (1024)" in result.stderr
     result = cli_here("check", PRESET, "--set", "data.url=s3://bucket/shards")
     assert result.returncode == 2 and "causal_lm reads JSONL files" in result.stderr
-    result = cli_here("check", PRESET, "--set", "recipe.args.block_size=64")
-    assert result.returncode == 2 and "recipe.args.block_size" in result.stderr
-    with pytest.raises(SkyliftConfigError, match="recipe.args.model_path: .* holds no config.json"):
+    result = cli_here("check", PRESET, "--set", "recipe.block_size=64")
+    assert result.returncode == 2 and "recipe.block_size" in result.stderr
+    with pytest.raises(SkyliftConfigError, match="recipe.model_path: .* holds no config.json"):
         CausalLM(lm_config(files["root"] / "run", str(files["root"]), files["train"]))
 
 
@@ -297,8 +297,8 @@ def test_token_budget_batches_whole_documents(files, tmp_path):
     their longest; the labelled tokens still set each micro-batch's weight."""
     from skylift.train.trainer import Trainer
 
-    config = lm_config(tmp_path / "run", str(files["model"]), files["train"], "recipe.args.packing=false",
-                       "recipe.args.sequence_length=64", "data.batching=token_budget", "data.max_tokens=256",
+    config = lm_config(tmp_path / "run", str(files["model"]), files["train"], "recipe.packing=false",
+                       "recipe.sequence_length=64", "data.batching=token_budget", "data.max_tokens=256",
                        "schedule.max_steps=3", "schedule.warmup_steps=0", "schedule.epochs=1", "checkpoint.enabled=false",
                        "monitor.log_every_steps=1", "precision=fp32", val=files["val"])  # fmt: skip
     summary = Trainer(config).fit()

@@ -26,8 +26,8 @@ from skylift.data.images import (
 from skylift.data.sampler import GlobalBatchSampler
 from skylift.data.shards import ShardWriter
 from skylift.data.streaming import StreamingDataset
-from skylift.recipes import check_recipe_args, recipe_class_named
-from skylift.recipes.args import BUILTIN_RECIPE_ARGS
+from skylift.recipes import check_recipe_settings, recipe_class_named
+from skylift.recipes.settings import BUILTIN_SETTINGS
 from skylift.recipes.image_classification import ImageClassification
 from skylift.storage import open_store
 from skylift.train.optim import build_optimizer
@@ -35,7 +35,7 @@ from tests.checkpoint.runs import assert_same_run, records, state_kept, summary
 
 PRESET = "examples/resnet-shapes-cpu.yaml"
 # 32-pixel crops of 240 small images: a step of ResNet-18 takes ~0.1 s on one core.
-TINY = ("data.num_samples=240", "data.image_size=32", "recipe.args.crop_size=32", "data.global_batch_size=16",
+TINY = ("recipe.num_samples=240", "recipe.image_size=32", "recipe.crop_size=32", "data.global_batch_size=16",
         "data.eval_batch_size=48", "data.num_workers=0", "monitor.tensorboard=false", "monitor.log_every_steps=5",
         "schedule.warmup_steps=5")  # fmt: skip
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -117,7 +117,7 @@ def test_streamed_jpegs_are_cropped_and_seeded_per_sample(tmp_path):
     for data, label in zip(images, labels, strict=True):
         writer.add({"jpg": data, "cls": str(label).encode()})
     writer.close({"classes": SHAPE_CLASSES})
-    config = load_config(PRESET, [*TINY, f"data.url={tmp_path / 'shards'}", "data.dataset=digits"])
+    config = load_config(PRESET, [*TINY, f"data.url={tmp_path / 'shards'}", "recipe.dataset=digits"])
     recipe = ImageClassification(config)
 
     def stream(workers: int, start_step: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -177,7 +177,7 @@ def test_a_run_decoding_on_the_device_trains_and_evaluates(cli_here, tmp_path):
     # In this process: what the run does is under test, not a process start (seconds of imports).
     run_dir = tmp_path / "run"
     with state_kept():
-        result = _run(cli_here, run_dir, "recipe.args.decode_on=device", "schedule.max_steps=6",
+        result = _run(cli_here, run_dir, "recipe.decode_on=device", "schedule.max_steps=6",
                       "checkpoint.enabled=false")
     assert result.returncode == 0, result.stderr[-3000:]
     assert summary(run_dir)["samples_seen"] == 6 * 16 and "accuracy" in summary(run_dir)["eval_metrics"]
@@ -198,22 +198,22 @@ def test_sgd_nesterov_without_decay_on_norms_and_biases():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("recipe.args.crop_scale=[0.9, 0.5]", "crop_scale must satisfy"),
-        ("recipe.args.label_smoothin=0.1", "label_smoothin"),
+        ("recipe.crop_scale=[0.9, 0.5]", "crop_scale must satisfy"),
+        ("recipe.label_smoothin=0.1", "label_smoothin"),
         ("optim.name=adamw", "optim.nesterov needs optim.name: sgd"),
     ],
 )
 def test_bad_recipe_settings_fail_naming_the_field(override, message):
     with pytest.raises((ValidationError, ValueError), match=message):
-        check_recipe_args(load_config("examples/resnet50-imagenet-8gpu.yaml", [override]))
+        check_recipe_settings(load_config("examples/resnet50-imagenet-8gpu.yaml", [override]))
 
 
-def test_the_builtin_recipes_check_their_args_with_their_own_models():
-    """``skylift check`` validates built-in recipe args from a torch-free table: it must be
-    the recipes' own ``Args``."""
-    for name, (class_name, args_model) in BUILTIN_RECIPE_ARGS.items():
+def test_the_builtin_recipes_check_their_settings_with_their_own_models():
+    """``skylift check`` validates built-in recipe settings from a torch-free table: it must be
+    the recipes' own ``Settings``."""
+    for name, (class_name, settings_class) in BUILTIN_SETTINGS.items():
         recipe = recipe_class_named(name)
-        assert (recipe.__name__, recipe.Args) == (class_name, args_model)
+        assert (recipe.__name__, recipe.Settings) == (class_name, settings_class)
 
 
 @pytest.mark.slow
@@ -233,7 +233,7 @@ def test_cpu_preset_learns_the_shapes(cli, tmp_path):
     # No timed checkpoints either (the preset saves every 2 minutes), no report (~1.5 s of
     # matplotlib) and no doctor: this test is about learning.
     result = cli("run", PRESET, "--json", "--no-doctor", "--set", f"run_dir={run_dir}", "--set",
-                 "data.num_samples=2000", "--set", "schedule.epochs=4", "--set", "schedule.warmup_steps=10",
+                 "recipe.num_samples=2000", "--set", "schedule.epochs=4", "--set", "schedule.warmup_steps=10",
                  "--set", "schedule.eval_every_epochs=4", "--set", "monitor.tensorboard=false",
                  "--set", "monitor.report=false", "--set", "checkpoint.enabled=false", timeout_s=1200)
     assert result.returncode == 0, result.stderr[-3000:]

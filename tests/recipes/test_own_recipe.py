@@ -1,5 +1,5 @@
 """A user's recipe, named by import path in YAML, trained by ``skylift run``: streamed,
-on 2 processes, killed and resumed exactly, with its report; bad ``recipe.args`` exit 2."""
+on 2 processes, killed and resumed exactly, with its report; a bad setting exits 2."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def user_project(tmp_path_factory):
     folder = tmp_path_factory.mktemp("user-project")
     shutil.copy(EXAMPLES / "own_recipe" / "tasks.py", folder / "my_tasks.py")
     (folder / "run.yaml").write_text(
-        "recipe:\n  name: ./my_tasks.py:DigitsMLP\n  args:\n    hidden: 48\n"
+        "recipe:\n  name: ./my_tasks.py:DigitsMLP\n  hidden: 48\n"
         "data:\n  global_batch_size: 64\n  num_workers: 1\n"
     )
     shards = folder / "shards"
@@ -84,9 +84,9 @@ def test_user_recipe_streams_on_two_processes_and_resumes_exactly_after_a_kill(u
 # message and weights are under test, not a process start (seconds of imports each).
 def test_a_bad_recipe_args_key_exits_2_naming_the_closest_one(user_project, cli_here):
     with state_kept():
-        result = cli_here("run", str(user_project / "run.yaml"), "--set", "recipe.args.hiden=3")
+        result = cli_here("run", str(user_project / "run.yaml"), "--set", "recipe.hiden=3")
     assert result.returncode == 2
-    assert "recipe.args.hiden: unknown key. Did you mean 'recipe.args.hidden'?" in result.stderr
+    assert "recipe.hiden: unknown key. Did you mean 'recipe.hidden'?" in result.stderr
     assert "Valid keys here: hidden, layers" in result.stderr
 
 
@@ -108,7 +108,7 @@ def test_a_user_model_by_import_path_and_any_torchvision_classifier(tmp_path, cl
     (tmp_path / "models.py").write_text(
         "from torch import nn\n\ndef tiny(num_classes, width=16):\n"
         "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n")
-    (tmp_path / "run.yaml").write_text("model:\n  name: ./models.py:tiny\n  args:\n    width: 24\n")
+    (tmp_path / "run.yaml").write_text("recipe:\n  model: ./models.py:tiny\n  model_args:\n    width: 24\n")
     with state_kept():
         result = cli_here("run", str(tmp_path / "run.yaml"), "--json", "--set", f"run_dir={tmp_path / 'run'}",
                           "--set", "schedule.max_steps=3", "--set", "schedule.warmup_steps=1",
@@ -118,5 +118,5 @@ def test_a_user_model_by_import_path_and_any_torchvision_classifier(tmp_path, cl
 
     assert load_file(tmp_path / "run" / "model.safetensors")["1.weight"].shape == (24, 64)
     with state_kept():
-        wrong = cli_here("check", str(tmp_path / "run.yaml"), "--set", "model.name=resnet51")
+        wrong = cli_here("check", str(tmp_path / "run.yaml"), "--set", "recipe.model=resnet51")
     assert wrong.returncode == 2 and "resnet50" in wrong.stderr  # the closest torchvision names

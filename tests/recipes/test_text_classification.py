@@ -20,13 +20,14 @@ from pydantic import ValidationError
 from skylift.config import load_config
 from skylift.data.text import read_text_file
 from skylift.data.token_steps import TokenBudgetSteps
+from skylift.recipes import check_recipe_settings
 from skylift.recipes.text_classification import TextClassification
 from tests.checkpoint.runs import assert_same_run, records, state_kept, summary
 
 EXAMPLE = "examples/bert-finetune-cpu.yaml"
 # Short texts and small budgets keep a step of the 22M-parameter model well under a second.
 SMALL = (
-    "data.num_samples=160", "data.max_length=32", "data.max_tokens=256", "data.eval_batch_size=64",
+    "recipe.num_samples=160", "recipe.max_length=32", "data.max_tokens=256", "data.eval_batch_size=64",
     "schedule.warmup_steps=0", "monitor.tensorboard=false", "monitor.log_every_steps=2", "precision=fp32",
 )  # fmt: skip
 # One thread per process: on a 2-core machine shared with other jobs, two OpenMP threads
@@ -35,7 +36,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # Synchronous saves: the commit before the kill is certain however slow the disk is. No HTML
 # report (~1.5 s of matplotlib a run) where runs are compared and the report never read; the
 # token-budget and streamed runs still write theirs.
-EXACT = ("deterministic=true", "data.num_samples=64", "schedule.epochs=2", "schedule.max_steps=null",
+EXACT = ("deterministic=true", "recipe.num_samples=64", "schedule.epochs=2", "schedule.max_steps=null",
          "checkpoint.every_minutes=null", "checkpoint.save_at_end=false", "checkpoint.async_save=false",
          "monitor.report=false")  # fmt: skip
 
@@ -170,7 +171,7 @@ def test_text_file_reads_jsonl_and_csv_labels(tmp_path):
     csv = tmp_path / "reviews.csv"
     csv.write_text("text,label\nfine,1\nawful,0\ngood,1\nworse,0\n")
     assert read_text_file(csv) == (["fine", "awful", "good", "worse"], [1, 0, 1, 0], ["0", "1"])
-    config = _config(tmp_path, "data.dataset=text_file", f"data.text_path={csv}", "data.val_fraction=0.5")
+    config = _config(tmp_path, "recipe.dataset=text_file", f"recipe.text_path={csv}", "data.val_fraction=0.5")
     data = TextClassification(config).build_datasets()
     assert len(data.train) == len(data.val) == 2 and data.num_classes == 2
 
@@ -178,17 +179,17 @@ def test_text_file_reads_jsonl_and_csv_labels(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["model.name=small_cnn"], "text_classification needs model.name: minilm_l6"),
-        (["model.name=transformers"], "model.name: transformers needs model.path"),
+        (["recipe.model=small_cnn"], "text_classification needs recipe.model: minilm_l6"),
+        (["recipe.model=transformers"], "recipe.model: transformers needs recipe.model_path"),
         (["data.url=s3://bucket/shards"], "token_budget works on in-memory datasets, not data.url"),
         (["recipe.name=image_classification"], "need recipe.name: text_classification"),
-        (["data.max_tokens=64"], "data.max_tokens (64) is below data.max_length (128)"),
-        (["data.dataset=text_file"], "text_file needs data.text_path"),
+        (["data.max_tokens=64"], "data.max_tokens (64) is below recipe.max_length (128)"),
+        (["recipe.dataset=text_file"], "text_file needs recipe.text_path"),
     ],
 )
 def test_mismatched_text_settings_fail_naming_the_fields(overrides, message):
     with pytest.raises((ValidationError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config(EXAMPLE, overrides)
+        check_recipe_settings(load_config(EXAMPLE, overrides))  # the schema leaves the settings to the recipe
 
 
 
@@ -214,7 +215,7 @@ def _tiny_folder(tmp_path, architecture: str, dtype: torch.dtype):
 @pytest.mark.parametrize("architecture", ["bert", "roberta", "deberta-v2"])
 def test_any_local_sequence_classifier_folder_fine_tunes_in_fp32(tmp_path, one_thread, architecture):
     folder = _tiny_folder(tmp_path, architecture, torch.bfloat16)
-    recipe = TextClassification(_config(tmp_path, "model.name=transformers", f"model.path={folder}",
+    recipe = TextClassification(_config(tmp_path, "recipe.model=transformers", f"recipe.model_path={folder}",
                                         "data.batching=fixed"))
     data = recipe.build_datasets()
     model = recipe.build_model(data)
@@ -261,10 +262,10 @@ def test_gradient_checkpointing_recomputes_to_the_same_gradients(tmp_path, one_t
 
 
 def test_unknown_characters_become_tokens_saved_with_the_run(tmp_path):
-    plain = TextClassification(_config(tmp_path, "model.add_unknown_characters=0"))
+    plain = TextClassification(_config(tmp_path, "recipe.add_unknown_characters=0"))
     unknown = plain.tokenizer.unk_token_id
     before = plain.build_datasets().train
-    recipe = TextClassification(_config(tmp_path, "model.add_unknown_characters=2000"))
+    recipe = TextClassification(_config(tmp_path, "recipe.add_unknown_characters=2000"))
     split = recipe.build_datasets()
     after = split.train
 
@@ -302,7 +303,7 @@ def test_streamed_jsonl_shards_train_and_evaluate(cli_here, tmp_path):
     with state_kept():
         result = _run(cli_here, run_dir, f"data.url={tmp_path / 'train'}", f"data.val_url={tmp_path / 'val'}",
                       "data.batching=fixed", "data.global_batch_size=16", "schedule.max_steps=4",
-                      "model.add_unknown_characters=0", "checkpoint.enabled=false")  # fmt: skip
+                      "recipe.add_unknown_characters=0", "checkpoint.enabled=false")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = summary(run_dir)
     assert report["samples_seen"] == 4 * 16
@@ -327,8 +328,8 @@ def test_cpu_preset_learns_real_reviews(cli, tmp_path):
     run_dir = tmp_path / "run"
     # No report (~1.5 s of matplotlib) and no doctor: this test is about learning.
     args = ["run", EXAMPLE, "--json", "--no-doctor", "--set", f"run_dir={run_dir}"]
-    for override in ("data.num_samples=1000", "data.max_length=64", "data.max_tokens=1024", "schedule.epochs=2",
-                     "schedule.warmup_steps=10", "optim.lr=1e-4", "model.add_unknown_characters=0",
+    for override in ("recipe.num_samples=1000", "recipe.max_length=64", "data.max_tokens=1024", "schedule.epochs=2",
+                     "schedule.warmup_steps=10", "optim.lr=1e-4", "recipe.add_unknown_characters=0",
                      "schedule.eval_every_epochs=2", "monitor.tensorboard=false", "monitor.report=false",
                      "checkpoint.enabled=false"):
         args += ["--set", override]

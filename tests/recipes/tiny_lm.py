@@ -45,9 +45,9 @@ def write_rows(path: Path, rows: list[dict[str, str]]) -> Path:
 
 def lm_config(run_dir: Path, model: str, train: Path, *overrides: str, val: Path | None = None):
     """The CPU preset on ``model`` (a folder, or builtin:tiny-llama) and ``train``."""
-    data = [f"recipe.args.model_path={model}", f"recipe.args.train_path={train}"]
+    data = [f"recipe.model_path={model}", f"recipe.train_path={train}"]
     if val is not None:
-        data.append(f"recipe.args.val_path={val}")
+        data.append(f"recipe.val_path={val}")
     return load_config(PRESET, [f"run_dir={run_dir}", *QUIET, *data, *overrides])
 
 

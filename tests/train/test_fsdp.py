@@ -570,7 +570,7 @@ def test_a_causal_lm_built_on_meta_and_loaded_by_shard_equals_ddp(tmp_path):
     folder = write_tiny_lm(tmp_path / "tiny-llama")
     overrides = ("schedule.max_steps=6", "schedule.warmup_steps=2", "precision=fp32", "deterministic=true",
                  "monitor.report=false", "monitor.tensorboard=false", "checkpoint.enabled=false",
-                 "accumulation.steps=2", f"recipe.args.model_path={folder}")
+                 "accumulation.steps=2", f"recipe.model_path={folder}")
     logs = {}
     for strategy in ("ddp", "fsdp"):
         args = ["run", "examples/causal-lm-cpu.yaml", "--no-doctor", "--json", "--nproc", "2",

@@ -19,8 +19,8 @@ QUICKSTART = "examples/quickstart.yaml"
 # hundreds of MiB of activations, far above the tens of MiB the resident set varies by. The
 # whole batch's trial measured 1,320 MiB here (1,911 MiB at 128 px: the activations grow with
 # the pixels, so ~760 MiB of activations on ~560 MiB of process), and 64 -> 32 frees ~380 MiB.
-WORKLOAD = ["--set", "data.dataset=synthetic_images", "--set", "data.image_size=96", "--set",
-            "data.num_samples=320", "--set", "schedule.max_steps=2", "--set", "checkpoint.enabled=false",
+WORKLOAD = ["--set", "recipe.dataset=synthetic_images", "--set", "recipe.image_size=96", "--set",
+            "recipe.num_samples=320", "--set", "schedule.max_steps=2", "--set", "checkpoint.enabled=false",
             "--set", "schedule.warmup_steps=1", "--set", "monitor.log_every_steps=1",
             "--set", "monitor.report=false", "--set", "monitor.tensorboard=false"]
 
@@ -92,7 +92,7 @@ def test_a_cap_below_one_sample_fails_naming_the_fields(capsys, tmp_path):
     from skylift.cli.main import main
 
     code = main(["run", QUICKSTART, "--set", f"run_dir={tmp_path}", *WORKLOAD,
-                 "--set", "data.image_size=32", "--set", "data.micro_batch_size=auto",
+                 "--set", "recipe.image_size=32", "--set", "data.micro_batch_size=auto",
                  "--set", "data.micro_batch_memory_gib=0.01"])
     stderr = capsys.readouterr().err
     assert code == 2, stderr[-2000:]
@@ -103,7 +103,7 @@ def test_a_cap_below_one_sample_fails_naming_the_fields(capsys, tmp_path):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["data.micro_batch_size=16", "accumulation.steps=2"], "keep one"),
     (["data.micro_batch_size=auto", "data.batching=token_budget", "recipe.name=text_classification",
-      "model.name=minilm_l6", "data.dataset=synthetic_text"], "remove data.micro_batch_size"),
+      "recipe.model=minilm_l6", "recipe.dataset=synthetic_text"], "remove data.micro_batch_size"),
 ])
 def test_conflicting_settings_are_refused(overrides, message):
     with pytest.raises(SkyliftConfigError, match=message):

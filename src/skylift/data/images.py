@@ -126,7 +126,7 @@ class ImageDecoder:
 @dataclass(frozen=True)
 class EncodedImage:
     """A JPEG still encoded, with the augmentation seed its worker was given, for decoding
-    on the device (``recipe.args.decode_on: device``)."""
+    on the device (``recipe.decode_on: device``)."""
 
     data: torch.Tensor
     seed: int
@@ -142,7 +142,7 @@ class RawJpeg:
     def __call__(self, data: bytes | torch.Tensor) -> EncodedImage:
         buffer = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if buffer.numel() < 2 or buffer[0] != 0xFF or buffer[1] != 0xD8:
-            raise ValueError("recipe.args.decode_on: device decodes JPEGs only (nvJPEG); this image is not a JPEG. "
+            raise ValueError("recipe.decode_on: device decodes JPEGs only (nvJPEG); this image is not a JPEG. "
                              "Use decode_on: workers, or re-encode the images as JPEG")
         return EncodedImage(buffer, torch.initial_seed())
 

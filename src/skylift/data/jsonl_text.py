@@ -140,8 +140,8 @@ class PackedBlocks(Dataset):
         num_blocks = (len(stream) - 1) // sequence_length
         if num_blocks < 1:
             raise SkyliftConfigError(
-                f"{field}: {len(stream)} tokens do not fill one block of recipe.args.sequence_length "
-                f"({sequence_length}) + 1", hint="Give more data or lower recipe.args.sequence_length")  # fmt: skip
+                f"{field}: {len(stream)} tokens do not fill one block of recipe.sequence_length "
+                f"({sequence_length}) + 1", hint="Give more data or lower recipe.sequence_length")  # fmt: skip
         used = num_blocks * sequence_length
         self.input_ids = stream[:used].view(num_blocks, sequence_length)
         self.labels = _labels(stream[1 : used + 1], targets[1 : used + 1]).view(num_blocks, sequence_length)

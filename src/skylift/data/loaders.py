@@ -119,10 +119,11 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     train.decode = recipe.decoder(train.index.fields)
     train.collate = _collate(recipe, True) or train.collate
     first = train.decode(next(read_shard_samples(train.store.read_bytes(train.index.shards[0].name))))
-    if not classes and config.model.num_classes is None:
+    # A recipe with a num_classes setting (the built-in classifiers) may give the count itself.
+    if not classes and getattr(getattr(recipe, "settings", None), "num_classes", None) is None:
         from skylift.errors import SkyliftConfigError
 
-        raise SkyliftConfigError(f"data.url: {data.url} lists no classes in its index; set model.num_classes")
+        raise SkyliftConfigError(f"data.url: {data.url} lists no classes in its index; set recipe.num_classes")
     split = DatasetSplit(train=train, val=None, num_classes=len(classes), in_channels=int(first[0].shape[0]))
     val = None
     if data.val_url:

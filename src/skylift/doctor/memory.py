@@ -33,12 +33,14 @@ __all__ = ["estimate_memory", "meta_model_and_batch", "sample_shape", "trace_mod
 def sample_shape(config: RunConfig) -> tuple[int, tuple[int, ...]] | None:
     """``(in_channels, image shape)`` of the configured image data; None for text or
     streamed data (whose shape is known only once the first shard is read)."""
-    data = config.data
-    if data.url or config.recipe.name != "image_classification":
+    if config.data.url or config.recipe.name != "image_classification":
         return None
-    if data.dataset == "digits":
+    from skylift.recipes import check_recipe_settings
+
+    settings = check_recipe_settings(config)
+    if settings.dataset == "digits":
         return 1, (1, 8, 8)  # scikit-learn's 8x8 grey digits
-    return 3, (3, data.image_size, data.image_size)
+    return 3, (3, settings.image_size, settings.image_size)
 
 
 def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -> MemoryEstimate:
@@ -120,14 +122,16 @@ def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.M
     from skylift.recipes import build_recipe
 
     recipe = build_recipe(config)
-    num_classes = config.model.num_classes or (10 if config.recipe.name == "image_classification" else 2)
+    settings = recipe.settings
+    declared = getattr(settings, "num_classes", None)
+    num_classes = declared or (10 if config.recipe.name == "image_classification" else 2)
     with torch.device("meta"):
         if config.recipe.name == "text_classification":
-            model = _meta_text_model(config, num_classes)
-            batch = _text_batch(config, micro_batch_size)
+            model = _meta_text_model(settings, num_classes)
+            batch = _text_batch(config, settings.max_length, micro_batch_size)
         elif config.recipe.name == "causal_lm":
             model = recipe.build_model(None)  # the folder's config.json: the architecture only
-            ids = torch.zeros(micro_batch_size, recipe.args.sequence_length, dtype=torch.long)
+            ids = torch.zeros(micro_batch_size, settings.sequence_length, dtype=torch.long)
             batch = (ids, None, ids)  # input ids, no padding mask, labels
         else:
             from skylift.data.datasets import DatasetSplit
@@ -142,20 +146,19 @@ def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.M
     return model, batch, recipe.training_loss
 
 
-def _meta_text_model(config: RunConfig, num_classes: int) -> nn.Module:
+def _meta_text_model(settings: Any, num_classes: int) -> nn.Module:
     # The recipe's build_model loads the pretrained weights; on meta only the
     # architecture is needed, which the folder's config.json describes.
     from skylift.recipes.hf_models import load_classifier, model_folder
 
-    return load_classifier(model_folder(config.model), num_classes, meta=True,
-                           added_tokens=config.model.add_unknown_characters)  # at most that many
+    return load_classifier(model_folder(settings.model, settings.model_path), num_classes, meta=True,
+                           added_tokens=settings.add_unknown_characters)  # at most that many
 
 
-def _text_batch(config: RunConfig, micro_batch_size: int) -> tuple[Any, ...]:
+def _text_batch(config: RunConfig, length: int, micro_batch_size: int) -> tuple[Any, ...]:
     import torch
 
     data = config.data
-    length = data.max_length
     rows = max(1, data.max_tokens // length) if data.batching == "token_budget" else micro_batch_size
     return (
         torch.zeros(rows, length, dtype=torch.long),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from skylift.errors import SkyliftConfigError
-from skylift.recipes import check_recipe_args
+from skylift.recipes import check_recipe_settings
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +21,7 @@ __all__ = ["check_job", "preflight"]
 
 def check_job(config: RunConfig, world_size: int) -> int | None:
     """Validate what depends on the job's shape, not on this machine's devices: the
-    batch, the recipe's arguments, FSDP's options, every store URL (a local dataset's
+    batch, the recipe's settings, FSDP's options, every store URL (a local dataset's
     index is read) and the exporters' packages. Returns the micro-batch size per rank
     (None: token-budget batching).
 
@@ -34,7 +34,7 @@ def check_job(config: RunConfig, world_size: int) -> int | None:
         micro_batch = None if token_budget else config.micro_batch_size(world_size)
     except ValueError as error:
         raise SkyliftConfigError(str(error)) from None
-    check_recipe_args(config)  # recipe.args (and the user's recipe import), before any worker
+    check_recipe_settings(config)  # the recipe's settings (and the user's recipe import), before any worker
     if config.distributed.strategy == "fsdp":
         from skylift.train.sharding_options import check_sharding_options
 

@@ -144,7 +144,7 @@ def _add_input_cpu(measurement: Measurement, resolved: dict) -> None:
         return
     if per_sample_s is None:
         measurement.notes.append(f"input pipeline CPU time: not measured (the epoch has at most {INPUT_WARMUP} "
-                                 "micro-batches: raise data.num_samples)")  # fmt: skip
+                                 "micro-batches: raise recipe.num_samples)")  # fmt: skip
         return
     measurement.input_cpu_s_per_sample = per_sample_s
 

@@ -47,14 +47,16 @@ def workload_config(workload: str, batch_per_gpu: int, *, channels_last: bool = 
 
     batch = f"data.global_batch_size={batch_per_gpu}"
     if workload == "resnet50_v1.5_224":
-        return load_config(None, ["recipe.name=image_classification", "model.name=resnet50", "model.num_classes=1000",
-                                  "data.dataset=synthetic_images", "data.image_size=224", "data.num_samples=64",
+        return load_config(None, ["recipe.name=image_classification", "recipe.model=resnet50",
+                                  "recipe.num_classes=1000", "recipe.dataset=synthetic_images",
+                                  "recipe.image_size=224", "recipe.num_samples=64",
                                   f"channels_last={'true' if channels_last else 'false'}", batch])  # fmt: skip
     if workload in _SEQUENCE:
         folder = folder or _bert_folder()
-        return load_config(None, ["recipe.name=text_classification", "model.name=transformers",
-                                  f"model.path={folder}", "data.dataset=synthetic_text", "data.num_samples=64",
-                                  f"data.max_length={_SEQUENCE[workload]}", "data.batching=fixed", batch])  # fmt: skip
+        return load_config(None, ["recipe.name=text_classification", "recipe.model=transformers",
+                                  f"recipe.model_path={folder}", "recipe.dataset=synthetic_text",
+                                  "recipe.num_samples=64", f"recipe.max_length={_SEQUENCE[workload]}",
+                                  "data.batching=fixed", batch])  # fmt: skip
     raise ValueError(f"skylift cannot express the workload {workload!r}")
 
 

@@ -6,13 +6,14 @@ Looked up by ``recipe.name``; each is imported only when used.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
     from skylift.recipes.base import Recipe
 
-__all__ = ["RECIPES", "Recipe", "build_recipe", "check_recipe_args", "recipe_class", "recipe_class_named"]
+__all__ = ["RECIPES", "Recipe", "RecipeSettings", "build_recipe", "check_recipe_settings", "recipe_class",
+           "recipe_class_named"]
 
 
 def __getattr__(name: str):
@@ -20,6 +21,10 @@ def __getattr__(name: str):
         from skylift.recipes.base import Recipe
 
         return Recipe
+    if name == "RecipeSettings":
+        from skylift.recipes.settings.base import RecipeSettings
+
+        return RecipeSettings
     raise AttributeError(name)
 
 RECIPES: dict[str, str] = {
@@ -55,20 +60,19 @@ def recipe_class(config: RunConfig) -> type[Recipe]:
     return found
 
 
-def check_recipe_args(config: RunConfig) -> None:
-    """Validate ``recipe.args`` against the recipe's ``Args`` (raises SkyliftConfigError
-    naming each key). A built-in recipe's are checked without importing it (no torch);
-    the user's recipe is imported, so a bad import path fails here too."""
-    from skylift.recipes.args import check_builtin_recipe_args
+def check_recipe_settings(config: RunConfig) -> Any:
+    """The recipe's settings (the keys beside ``recipe.name``) validated by its ``Settings``
+    and checked against the rest of ``config`` (raises SkyliftConfigError naming each
+    key); ``config.recipe`` then lists every setting, defaults included. A built-in
+    recipe's are checked without importing it (no torch); the user's recipe is imported,
+    so a bad import path fails here too."""
+    from skylift.recipes.settings import builtin_settings
 
     if config.recipe.name in RECIPES:
-        check_builtin_recipe_args(config)
-    else:
-        recipe_class(config).parse_args(config)
+        return builtin_settings(config)
+    return recipe_class(config).parse_settings(config)
 
 
 def build_recipe(config: RunConfig) -> Recipe:
-    """The recipe of ``config``, its ``recipe.args`` validated (raises SkyliftConfigError)."""
-    cls = recipe_class(config)
-    cls.parse_args(config)
-    return cls(config)
+    """The recipe of ``config``, its settings validated (raises SkyliftConfigError)."""
+    return recipe_class(config)(config)

@@ -34,36 +34,34 @@ class Recipe:
     "count": ...}``) rather than means, so the Trainer can add them across batches and
     ranks with one all-reduce and get exact metrics however the data was sharded.
 
-    A recipe of your own names its settings in a nested pydantic model ``Args``; the
-    config's ``recipe.args`` are validated against it (unknown keys refused, with the
-    closest valid key) and arrive as ``self.args``::
+    A recipe names its settings in a :class:`~skylift.recipes.settings.base.RecipeSettings`
+    subclass ``Settings``; the keys beside ``recipe.name`` are validated against it
+    (unknown keys refused, with the closest valid key) and arrive as ``self.settings``::
 
         class MyTask(Recipe):
-            class Args(BaseModel):
-                model_config = ConfigDict(extra="forbid")
+            class Settings(RecipeSettings):
                 hidden: int = 64
+                '''Width of the hidden layer.'''
 
             def build_model(self, data):
-                return MyNet(self.args.hidden, data.num_classes)
+                return MyNet(self.settings.hidden, data.num_classes)
+
+    (``recipe: {name: ./tasks.py:MyTask, hidden: 128}``.)
     """
 
-    Args: ClassVar[type[BaseModel] | None] = None
+    Settings: ClassVar[type[BaseModel] | None] = None
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.args = self.parse_args(config)
+        self.settings = self.parse_settings(config)
 
     @classmethod
-    def parse_args(cls, config: Any) -> Any:
-        """``recipe.args`` validated by ``cls.Args`` (raises SkyliftConfigError naming each key)."""
-        return cls.validate_args(config.recipe.args)
+    def parse_settings(cls, config: Any) -> Any:
+        """``config.recipe``'s settings validated by ``cls.Settings`` (raises
+        SkyliftConfigError naming each key); ``config.recipe`` then lists every one."""
+        from skylift.recipes.settings import validate_settings
 
-    @classmethod
-    def validate_args(cls, given: dict[str, Any]) -> Any:
-        """``given`` (the ``recipe.args`` mapping) as an ``Args`` instance, or ``None``."""
-        from skylift.recipes.args import validate_recipe_args
-
-        return validate_recipe_args(cls.__name__, cls.Args, given)
+        return validate_settings(cls.__name__, cls.Settings, config)
 
     def build_datasets(self) -> DatasetSplit:
         raise NotImplementedError

@@ -1,6 +1,6 @@
 """Causal language-model fine-tuning: a Hugging Face ``AutoModelForCausalLM`` on JSONL documents.
 
-The model and tokenizer come from a local folder (``recipe.args.model_path``), offline,
+The model and tokenizer come from a local folder (``recipe.model_path``), offline,
 weights in fp32 (mixed precision computes in bf16 from fp32 master weights), or from
 the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`). Documents are ``text`` rows,
 or ``prompt``/``completion`` rows whose prompt is masked out of the loss
@@ -38,9 +38,9 @@ from skylift.data.jsonl_text import (
     read_jsonl_documents,
 )
 from skylift.errors import SkyliftConfigError
-from skylift.recipes.args import TINY_LLAMA, CausalLMArgs, check_causal_lm_config
 from skylift.recipes.base import Recipe
 from skylift.recipes.hf_models import offline
+from skylift.recipes.settings.causal_lm import TINY_LLAMA, CausalLMSettings
 
 __all__ = ["CausalLM", "token_loss_sums"]
 
@@ -61,14 +61,13 @@ def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
 class CausalLM(Recipe):
     """Next-token cross-entropy per labelled token; see the module's docstring."""
 
-    Args = CausalLMArgs
+    Settings = CausalLMSettings
 
     def __init__(self, config: RunConfig) -> None:
-        super().__init__(config)
-        self.args: CausalLMArgs
-        check_causal_lm_config(config, self.args)
-        self.builtin = self.args.model_path == TINY_LLAMA
-        self.folder = None if self.builtin else _model_folder(self.args.model_path)
+        super().__init__(config)  # validates the settings and checks them against the run's data section
+        self.settings: CausalLMSettings
+        self.builtin = self.settings.model_path == TINY_LLAMA
+        self.folder = None if self.builtin else _model_folder(self.settings.model_path)
         self.tokenizer = self._tokenizer()
         self.pad_id = self._pad_id()
 
@@ -80,7 +79,7 @@ class CausalLM(Recipe):
             return tiny_tokenizer()
         tokenizer = _transformers().AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
         if tokenizer.eos_token_id is None:
-            raise SkyliftConfigError(f"recipe.args.model_path: the tokenizer in {self.folder} has no end-of-sequence "
+            raise SkyliftConfigError(f"recipe.model_path: the tokenizer in {self.folder} has no end-of-sequence "
                                      "token, which ends every document", hint="Set tokenizer.eos_token and "
                                      "save_pretrained the folder again")  # fmt: skip
         return tokenizer
@@ -100,14 +99,14 @@ class CausalLM(Recipe):
         return _transformers().AutoConfig.from_pretrained(str(self.folder), local_files_only=True)
 
     def build_datasets(self) -> DatasetSplit:
-        args = self.args
-        rows = read_jsonl_documents(Path(args.train_path), "recipe.args.train_path")
-        if args.val_path is not None:
-            train_rows, val_rows = rows, read_jsonl_documents(Path(args.val_path), "recipe.args.val_path")
+        settings = self.settings
+        rows = read_jsonl_documents(Path(settings.train_path), "recipe.train_path")
+        if settings.val_path is not None:
+            train_rows, val_rows = rows, read_jsonl_documents(Path(settings.val_path), "recipe.val_path")
         else:
             train_rows, val_rows = self._hold_out(rows)
-        train = self._sequences(train_rows, "recipe.args.train_path")
-        val = self._sequences(val_rows, "recipe.args.val_path (or the held-out data.val_fraction)")
+        train = self._sequences(train_rows, "recipe.train_path")
+        val = self._sequences(val_rows, "recipe.val_path (or the held-out data.val_fraction)")
         if isinstance(val, DocumentSequences):
             # Evaluation sums over every sequence, in any order: by length, its batches pad little.
             val = val.subset(sorted(range(len(val)), key=lambda index: val.lengths[index]))
@@ -118,25 +117,25 @@ class CausalLM(Recipe):
         order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.config.seed)).tolist()
         num_val = max(1, round(len(rows) * self.config.data.val_fraction))
         if num_val >= len(rows):
-            raise SkyliftConfigError(f"recipe.args.train_path: {len(rows)} documents leave none for training after "
+            raise SkyliftConfigError(f"recipe.train_path: {len(rows)} documents leave none for training after "
                                      f"data.val_fraction ({self.config.data.val_fraction})",
-                                     hint="Give more documents, or recipe.args.val_path")  # fmt: skip
+                                     hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
 
     def _sequences(self, rows: list[dict[str, str]], field: str) -> PackedBlocks | DocumentSequences:
         def encode(texts: list[str], special: bool) -> list[list[int]]:
             return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
 
-        documents = encode_documents(rows, encode, int(self.tokenizer.eos_token_id), mask_prompt=self.args.mask_prompt)
-        if self.args.packing:
-            return PackedBlocks(documents, self.args.sequence_length, field=field)
-        return DocumentSequences(documents, self.args.sequence_length)
+        documents = encode_documents(rows, encode, int(self.tokenizer.eos_token_id), mask_prompt=self.settings.mask_prompt)
+        if self.settings.packing:
+            return PackedBlocks(documents, self.settings.sequence_length, field=field)
+        return DocumentSequences(documents, self.settings.sequence_length)
 
     def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
         labelled = int((train.labels != IGNORE_INDEX).sum()) if isinstance(train, PackedBlocks) else sum(
             int((labels != IGNORE_INDEX).sum()) for _, labels in train.sequences)  # fmt: skip
-        shape = (f"{len(train)} packed blocks of {self.args.sequence_length} tokens" if isinstance(train, PackedBlocks)
-                 else f"{len(train)} sequences (up to {self.args.sequence_length} tokens; {train.truncated} cut there)")
+        shape = (f"{len(train)} packed blocks of {self.settings.sequence_length} tokens" if isinstance(train, PackedBlocks)
+                 else f"{len(train)} sequences (up to {self.settings.sequence_length} tokens; {train.truncated} cut there)")
         log.info("causal_lm: %d training and %d validation documents; training: %s, %d labelled tokens; "
                  "validation: %d sequences", len(train_rows), len(val_rows), shape, labelled, len(val))  # fmt: skip
 
@@ -157,7 +156,7 @@ class CausalLM(Recipe):
                                                                       local_files_only=True)  # fmt: skip
         rows = model.get_input_embeddings().num_embeddings
         if len(self.tokenizer) > rows:
-            raise SkyliftConfigError(f"recipe.args.model_path: the tokenizer numbers {len(self.tokenizer)} tokens, the "
+            raise SkyliftConfigError(f"recipe.model_path: the tokenizer numbers {len(self.tokenizer)} tokens, the "
                                      f"model embeds {rows}", hint="Use the tokenizer saved with this model, or resize "
                                      "its embeddings and save_pretrained it again")  # fmt: skip
         return model
@@ -211,7 +210,7 @@ class CausalLM(Recipe):
         missing = [name for name in missing if name not in tied and name not in buffers]
         if missing or unexpected:
             raise SkyliftConfigError(
-                f"the checkpoint does not fit {type(model).__name__} of {self.args.model_path}: missing "
+                f"the checkpoint does not fit {type(model).__name__} of {self.settings.model_path}: missing "
                 f"{missing[:5]}, unexpected {list(unexpected)[:5]}", hint="Export with the config the run trained")
         model.tie_weights()
         model.to(dtype)
@@ -228,7 +227,7 @@ def _model_folder(path: str) -> Path:
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise SkyliftConfigError(
-            f"recipe.args.model_path: {folder} holds no config.json, so it is not a Hugging Face model folder",
+            f"recipe.model_path: {folder} holds no config.json, so it is not a Hugging Face model folder",
             hint=f"Point it at a folder that save_pretrained wrote (config.json, *.safetensors, tokenizer files), "
             f"or use {TINY_LLAMA}")  # fmt: skip
     return folder

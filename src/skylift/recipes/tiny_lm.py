@@ -1,6 +1,6 @@
 """A tiny Llama, its tokenizer and a generated corpus: a causal-LM job that needs no download.
 
-``recipe.args.model_path: builtin:tiny-llama`` is a 2-layer ``LlamaForCausalLM`` built
+``recipe.model_path: builtin:tiny-llama`` is a 2-layer ``LlamaForCausalLM`` built
 from its config class, initialised from the run's seed, with a byte-level BPE tokenizer
 (the ``tokenizers`` library) trained on :func:`tiny_corpus`. Both are the same on every
 rank and every run: the corpus is seeded, and BPE training on a fixed corpus is

@@ -120,10 +120,11 @@ class JobSpec:
 def load_run_and_submit(path: str, overrides: list[str]):  # noqa: ANN201 - (RunConfig, SubmitConfig)
     """The run config and its ``submit`` section, from the YAML and ``--set`` overrides."""
     from skylift.config.load import load_config
-    from skylift.recipes.args import check_builtin_recipe_args
+    from skylift.recipes.settings import BUILTIN_SETTINGS, builtin_settings
 
     config = load_config(path, overrides)
-    check_builtin_recipe_args(config)  # a bad built-in recipe arg fails before any job is sent
+    if config.recipe.name in BUILTIN_SETTINGS:  # a recipe of the user's is checked where it is imported
+        builtin_settings(config)  # a bad built-in recipe setting fails before any job is sent
     return config, config.submit
 
 

@@ -81,6 +81,7 @@ from skylift.checkpoint.state import (
     trainer_document,
 )
 from skylift.errors import SkyliftConfigError
+from skylift.loop.collectives import collective
 from skylift.storage import StorageError
 from skylift.storage.names import check_file_name
 
@@ -394,7 +395,8 @@ def _collectively(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():
             # One process without a process group is the intended case, not a fallback.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-            call(*args, **kwargs)
+            with collective(f"the sharded checkpoint's {getattr(call, '__name__', 'call')} (DCP)"):
+                call(*args, **kwargs)
     except CheckpointException as failure:
         errors = [error for _, (error, _) in sorted(failure.failures.items())]
         message = "; ".join(f"rank {rank}: {error}" for rank, (error, _) in sorted(failure.failures.items()))

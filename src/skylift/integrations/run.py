@@ -33,6 +33,7 @@ from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
 from skylift.loop.agreement import StopReason
+from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext, exit_cleanly
 from skylift.loop.events import TrainState
 from skylift.train.services import RunServices
@@ -195,7 +196,8 @@ class ScriptRun:
     def barrier(self) -> None:
         """Every rank waits here (the framework's files are all written; the commit is done)."""
         if self._group is not None:
-            dist.barrier(group=self._group)
+            with collective("the framework's checkpoint barrier"):
+                dist.barrier(group=self._group)
 
     def saved(self, step: int, *, started_at_s: float, error: str | None = None,
               uploaded_at_s: float | None = None, upload_error: str | None = None) -> None:

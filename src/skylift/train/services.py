@@ -34,7 +34,9 @@ from skylift.checkpoint.faults import fault_point
 from skylift.checkpoint.lease import LeaseLostError
 from skylift.cloud.redact import redact_config
 from skylift.config.schema import RunConfig
+from skylift.errors import SkyliftError
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
+from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import Callback, Event, EventBus, TrainState
 from skylift.monitor.breakdown import StepClock
@@ -44,9 +46,8 @@ from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
 from skylift.run_dir import RunDirectory
-from skylift.train.membership import MembershipWatch
-from skylift.errors import SkyliftError
 from skylift.storage import StorageTransientError
+from skylift.train.membership import MembershipWatch
 from skylift.train.preemption import PreemptionWatch
 
 __all__ = ["RunNotSavedError", "RunServices", "seed_everything"]
@@ -256,7 +257,8 @@ class RunServices:
                                      self.config.monitor.guards)
         if self.context.is_distributed:
             holder = [refusal]
-            dist.broadcast_object_list(holder, src=0, group=self._control_group)
+            with collective("the guards' decision (broadcast from rank 0)"):
+                dist.broadcast_object_list(holder, src=0, group=self._control_group)
             refusal = holder[0]
         if refusal:
             raise SkyliftConfigError(refusal, hint="Nothing was resumed; the last checkpoint stands.")

@@ -26,6 +26,7 @@ from skylift.data.loaders import (
     samples_in_step,
     with_workers,
 )
+from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import Callback, Event, TrainState
 from skylift.recipes import build_recipe
@@ -325,7 +326,8 @@ class Trainer:
         keys = sorted(totals)
         stacked = torch.stack([totals[key] for key in keys]) if keys else torch.zeros(0)
         if self.runtime.dist.is_distributed:
-            dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+            with collective("the evaluation totals (all_reduce)"):
+                dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
         return self.recipe.summarize(dict(zip(keys, stacked.tolist(), strict=True)))
 
     def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None,
@@ -379,9 +381,10 @@ class Trainer:
             return None, None
         flat = torch.cat([p.detach().reshape(-1).float() for p in self.runtime.unwrap(model).parameters()])
         reference = flat.clone()
-        dist.broadcast(reference, src=0)
-        local = (flat - reference).abs().max()
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        with collective("the check that every rank holds the same weights (broadcast, all_reduce)"):
+            dist.broadcast(reference, src=0)
+            local = (flat - reference).abs().max()
+            dist.all_reduce(local, op=dist.ReduceOp.MAX)
         max_diff = float(local)
         return max_diff == 0.0, max_diff
 

@@ -190,7 +190,7 @@ class Checkpointing:
                 raise  # a refusal, or a store that could not be read: never a reason to go back
             except CorruptCheckpointError as error:  # a shard read during a sharded load
                 failure, corrupt = str(error), True
-            except Exception as error:  # verified bytes that do not load
+            except Exception as error:  # noqa: BLE001 - verified bytes that do not load, whatever the unpickler raised
                 failure = _first_lines(error)
             reports = [report for report in self._gather_all((failure, corrupt)) if report[0]]
             if not reports:
@@ -221,8 +221,8 @@ class Checkpointing:
         verdict = None
         if self.context.is_main:
             if manifest.config is None:
-                verdict = (None, [], f"{where} records no config (written by an earlier skylift): this run's "
-                                     "settings are not compared with its")
+                verdict = (None, [], (f"{where} records no config (written by an earlier skylift): this run's "
+                                      "settings are not compared with its"))
             else:
                 differences = compatibility.compare(manifest.config, self.run_config,
                                                     self.precision or self.run_config.precision)
@@ -430,7 +430,8 @@ class Checkpointing:
         if tensors_file in contents and json_file in contents:
             restore_rng(contents[tensors_file], contents[json_file])
         else:
-            log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)", step, self.context.rank)
+            log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)",
+                        step, self.context.rank)
 
     def _save_estimate_s(self) -> float | None:
         """The fastest of the last three saves (to the local commit, with a local tier):

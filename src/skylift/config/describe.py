@@ -32,7 +32,7 @@ def _describe(item: dict[str, Any], root: type[BaseModel], prefix: tuple[str, ..
         return _unknown_key(location, root, prefix)
     allowed = _allowed_values(location, root)
     message = f"{dotted}: {item['msg']}"
-    if "input" in item and item["type"] not in ("missing",) and not isinstance(item["input"], dict):
+    if "input" in item and item["type"] != "missing" and not isinstance(item["input"], dict):
         message += f" (got {item['input']!r})"
     if allowed:
         message += f"; allowed: {allowed}"

@@ -138,7 +138,8 @@ def _attach_to_transformers(trainer: Any, passed: Any) -> Any:
     if passed is None or passed is True:  # True: "the newest", which must be a complete one
         found = resume_checkpoint(trainer)
         resume = found if found is not None else (None if passed is None else passed)
-        _say("transformers", f"{what}; " + (f"resuming from {found}" if found else "no complete checkpoint: fresh start"))
+        _say("transformers",
+             f"{what}; " + (f"resuming from {found}" if found else "no complete checkpoint: fresh start"))
         return resume
     _say("transformers", f"{what}; the program's own resume_from_checkpoint={passed!r} stays")
     return passed

@@ -184,7 +184,8 @@ class SkyliftCallback(pl.Callback):
         """``trainer.callback_metrics`` logged in training (not validation's), under names skylift does not write."""
         return {name: value.detach() if isinstance(value, torch.Tensor) else value
                 for name, value in trainer.callback_metrics.items()
-                if name not in self._eval_names and name not in RESERVED_TRAIN_FIELDS and _is_scalar(value)}  # fmt: skip
+                if name not in self._eval_names and name not in RESERVED_TRAIN_FIELDS
+                and _is_scalar(value)}  # fmt: skip
 
     def _count_flops(self, pl_module: pl.LightningModule, step: int) -> None:
         flops_per_batch = getattr(pl_module, "flops_per_batch", None)

@@ -63,7 +63,7 @@ def write_run_report(config: Any) -> Report | None:
         return None
     try:
         return write_report(config.run_dir)
-    except Exception:  # noqa: BLE001 - the run itself succeeded; say why the report did not
+    except Exception:  # the run itself succeeded; say why the report did not
         logging.getLogger("skylift").warning("could not write the report", exc_info=True)
         return None
 
@@ -323,7 +323,8 @@ def _breakdown_html(train: list[dict[str, Any]]) -> str:
         return ""
     totals = {name: sum(values) for name, values in phases.items()}
     whole = sum(totals.values()) or 1.0
-    rows = [(name, f"{1000 * total / len(steps):.2f} ms", f"{100 * total / whole:.1f} %") for name, total in totals.items()]
+    rows = [(name, f"{1000 * total / len(steps):.2f} ms", f"{100 * total / whole:.1f} %")
+            for name, total in totals.items()]
     return _table(rows, ("phase", "mean per step", "share")) + f'<p class="note">over {len(steps):,} steps</p>'
 
 
@@ -335,8 +336,8 @@ def _cost_html(attempts: list[Attempt]) -> str:
     rows = [("spent", usd(last["usd_spent"])), ("price", f"{usd(last['usd_per_hour'])} per hour")]
     if last.get("nodes") is not None and last.get("nodes_priced") not in (None, last["nodes"]):
         # An elastic job on fewer nodes than its price is for pays its share.
-        rows.append(("nodes charged", f"{last['nodes']} of {last['nodes_priced']} (the price is for "
-                                      f"{last['nodes_priced']})"))
+        rows.append(("nodes charged", (f"{last['nodes']} of {last['nodes_priced']} (the price is for "
+                                       f"{last['nodes_priced']})")))
     if last.get("projected_usd_total") is not None:
         rows.append(("projected total", usd(last["projected_usd_total"])))
     if last.get("projected_s_left") is not None:

@@ -59,8 +59,7 @@ class LocalStore(Store):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(temporary, "wb") as handle:
-                for chunk in make_chunks():
-                    handle.write(chunk)
+                handle.writelines(make_chunks())
                 handle.flush()
                 os.fsync(handle.fileno())
             self._publish(temporary, target, if_absent=if_absent)

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from skylift.submit.base import JobRef, JobStatus, SubmitRequest, platform_info
 from skylift.cloud.redact import redact
+from skylift.submit.base import JobRef, JobStatus, SubmitRequest, platform_info
 
 __all__ = ["exit_code", "print_request", "print_status", "print_submitted", "request_document"]
 

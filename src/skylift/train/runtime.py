@@ -245,7 +245,8 @@ class Runtime:
                     self.sharding.adopt_optimizer(item)
                 self.gradients.optimizer = item
             elif isinstance(item, DataLoader):
-                item = self.prepare_dataloader(item, train=self._loader is None)
+                prepared.append(self.prepare_dataloader(item, train=self._loader is None))
+                continue
             elif item is not None and hasattr(item, "step") and hasattr(item, "get_last_lr"):
                 self.gradients.scheduler = item
             prepared.append(item)
@@ -352,7 +353,8 @@ class Runtime:
 
         self._extra = extra
         objects = TrainingObjects(model=self._require_model(), optimizer=self.gradients.require_optimizer(),
-                                  scheduler=self.gradients.scheduler, scaler=self.scaler, loader=self._loader, extra=extra)
+                                  scheduler=self.gradients.scheduler, scaler=self.scaler, loader=self._loader,
+                                  extra=extra)
         step = services.resume(objects, self.state) or 0
         self._last_logged_step = step
         self._run_started = time.perf_counter()

@@ -17,6 +17,7 @@ The order of a run::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -34,6 +35,7 @@ from skylift.checkpoint.faults import fault_point
 from skylift.checkpoint.lease import LeaseLostError
 from skylift.cloud.redact import redact_config
 from skylift.config.schema import RunConfig
+from skylift.errors import SkyliftError
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import Callback, Event, EventBus, TrainState
@@ -44,9 +46,8 @@ from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
 from skylift.run_dir import RunDirectory
-from skylift.train.membership import MembershipWatch
-from skylift.errors import SkyliftError
 from skylift.storage import StorageTransientError
+from skylift.train.membership import MembershipWatch
 from skylift.train.preemption import PreemptionWatch
 
 __all__ = ["RunNotSavedError", "RunServices", "seed_everything"]
@@ -371,10 +372,8 @@ class RunServices:
             save_model()
         except (OSError, SafetensorError) as error:
             path = self.run_dir.model_path
-            try:
+            with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)  # a torn file must not pass for the model
-            except OSError:
-                pass
             committed = f"; {self._newest_committed()}" if self.checkpointing is not None else ""
             raise RunNotSavedError(
                 f"could not write the final model {path}: {type(error).__name__}: {error}; free space on that disk "

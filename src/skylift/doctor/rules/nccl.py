@@ -8,6 +8,8 @@ notes cited per rule.
 
 from __future__ import annotations
 
+from skylift.doctor.tables import version_tuple
+from skylift.doctor.verdicts import Finding, rule
 from skylift.machine.facts import Facts
 from skylift.machine.nccl import (
     AZURE_NDV5_TOPOLOGY_FILE,
@@ -16,8 +18,6 @@ from skylift.machine.nccl import (
     selected_interfaces,
     uses_nccl,
 )
-from skylift.doctor.tables import version_tuple
-from skylift.doctor.verdicts import Finding, rule
 
 __all__ = [
     "azure_ndv5_has_topology",

@@ -26,7 +26,7 @@ SMALL_SHM_BYTES = 1024**3
 _SHM_HEADROOM = 2  # batches being collated and pinned while the prefetched ones wait
 
 
-def format_bytes(count: int | float) -> str:
+def format_bytes(count: float) -> str:
     """``67108864`` -> ``'64 MiB'``; binary units, as ``df -h`` and ``free -h`` print."""
     value = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -38,7 +38,8 @@ def metric_data(record: dict[str, Any], dimensions: list[dict[str, str]], *, sto
     figures: list[dict[str, Any] | None] = []
     if kind == "train":
         step_s = record.get("step_time_s") or 0.0
-        wait_share = 100.0 * record["data_wait_s"] / step_s if step_s and record.get("data_wait_s") is not None else None
+        has_wait = step_s and record.get("data_wait_s") is not None
+        wait_share = 100.0 * record["data_wait_s"] / step_s if has_wait else None
         figures = [datum("Loss", record.get("loss"), "None"),
                    datum("SamplesPerSecond", record.get("samples_per_s"), "Count/Second"),
                    datum("MFU", 100.0 * record["mfu"] if record.get("mfu") is not None else None, "Percent"),

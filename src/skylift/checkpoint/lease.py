@@ -14,6 +14,7 @@ released instead of deleting it, and a winner deletes only generations below its
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import math
@@ -322,7 +323,7 @@ class FencedStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 
-    def temporary_keys(self, prefix: str = "") -> list[str]:
+    def temporary_keys(self, prefix: str = "") -> builtins.list[str]:  # builtins: `list` is the method above
         return self.inner.temporary_keys(prefix)
 
     def describe(self, key: str = "") -> str:

@@ -288,15 +288,15 @@ class CheckpointManager:
         if self.world_size > 1:
             with collective("the checkpoint commit decision (broadcast from rank 0)"):
                 dist.broadcast_object_list(decision, src=0, group=self._group)
-        local_copy = self.tier is not None and store is self.tier.store
-        if local_copy and self.rank != 0 and self.tier.node_leader:
+        tier = self.tier
+        if tier is not None and store is tier.store and self.rank != 0 and tier.node_leader:
             # Other nodes' local copies: their ranks' files are in place, so commit them too.
             if decision[0] and decision[2] is not None:
-                self.tier.write_manifest(step, decision[2])
-                self.tier.drop_mismatches(step, decision[2], local_entries or {})
-                retain(self.tier.store, self.keep, self.timeline)
+                tier.write_manifest(step, decision[2])
+                tier.drop_mismatches(step, decision[2], local_entries or {})
+                retain(tier.store, self.keep, self.timeline)
             elif not decision[0]:
-                self.tier.discard(step)
+                tier.discard(step)
         return bool(decision[0]), decision[1]
 
     def _write_manifest(

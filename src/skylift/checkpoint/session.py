@@ -218,7 +218,7 @@ class Checkpointing:
         every rank): refuse, or note the changes it takes (:attr:`_changed`)."""
         if self.run_config is None:
             return
-        verdict = None
+        verdict: tuple[tuple[str, str] | None, list[str], str | None] | None = None  # (refusal, changes, line)
         if self.context.is_main:
             if manifest.config is None:
                 verdict = (None, [], (f"{where} records no config (written by an earlier skylift): this run's "
@@ -307,7 +307,8 @@ class Checkpointing:
         if minutes and self.context.is_main and time.monotonic() - self._last_save_time >= 60 * minutes:
             self.agreement.request_save()
             self._last_save_time = time.monotonic()
-        by_steps = bool(self.config.every_steps) and state.step % self.config.every_steps == 0
+        every_steps = self.config.every_steps or 0
+        by_steps = every_steps != 0 and state.step % every_steps == 0
         return (by_steps or decision.save) and state.step != self._last_saved_step
 
     def save(self, state: TrainState, *, blocking: bool = False) -> SaveResult | None:

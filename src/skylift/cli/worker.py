@@ -127,7 +127,8 @@ if __name__ == "__main__":
     from skylift.loop.distributed import exit_cleanly
 
     try:
-        code = record(main)()
+        result = record(main)()
+        code = EXIT_FAILURE if result is None else result  # record's wrapper is typed Optional; main gives an int
     except Exception:  # noqa: BLE001 - a traceback and EXIT_FAILURE, still through exit_cleanly's teardown
         traceback.print_exc()
         code = EXIT_FAILURE

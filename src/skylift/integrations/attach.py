@@ -87,7 +87,8 @@ def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent); patch what is already imported."""
     if any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
         return
-    patches = {"transformers.trainer": _patch_transformers, "lightning.pytorch.trainer.trainer": _patch_lightning}
+    patches: dict[str, Callable[[ModuleType], None]] = {"transformers.trainer": _patch_transformers,
+                                                         "lightning.pytorch.trainer.trainer": _patch_lightning}
     for name, patch in patches.items():
         if name in sys.modules:
             patch(sys.modules[name])

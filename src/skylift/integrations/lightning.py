@@ -173,8 +173,8 @@ class SkyliftCallback(pl.Callback):
         self._last_save_s = time.monotonic()
 
     def _due(self, step: int) -> bool:
-        every = self.config.checkpoint.every_steps
-        return bool(every) and step % every == 0
+        every = self.config.checkpoint.every_steps or 0
+        return every != 0 and step % every == 0
 
     def _minutes_due(self) -> bool:
         minutes = self.config.checkpoint.every_minutes
@@ -217,7 +217,9 @@ def resume_checkpoint(where: pl.Trainer | SkyliftCallback | None = None, *,
     a newer complete checkpoint in an object-store root is copied onto local disk first.
     """
     if isinstance(where, pl.Trainer):
-        found = [callback for callback in where.callbacks if isinstance(callback, SkyliftCallback)]
+        # Lightning's callback connector sets Trainer.callbacks; the class does not declare it.
+        callbacks = where.callbacks  # type: ignore[attr-defined]
+        found = [callback for callback in callbacks if isinstance(callback, SkyliftCallback)]
         if not found:
             raise ValueError("resume_checkpoint(trainer): the Trainer has no SkyliftCallback; "
                              "add it with Trainer(callbacks=[SkyliftCallback()])")

@@ -97,7 +97,9 @@ def elastic_torchrun_arguments(topology: Any, entry: list[str], *, module: bool,
     imported here, the launcher imports this module): c10d rendezvous on the master."""
     nodes = topology.elastic
     assert nodes is not None
-    conf = {} if topology.rendezvous_host_by_name else {"is_host": "true" if topology.node_rank == 0 else "false"}
+    conf: dict[str, str | int] = {}
+    if not topology.rendezvous_host_by_name:
+        conf["is_host"] = "true" if topology.node_rank == 0 else "false"
     conf |= {  # node 0 serves the TCPStore (or, without a node rank, the endpoint's host)
         "join_timeout": _seconds(nodes.rendezvous_timeout_s),
         "last_call_timeout": _seconds(nodes.last_call_s),

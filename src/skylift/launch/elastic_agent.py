@@ -136,13 +136,15 @@ class SkyliftAgent(LocalElasticAgent):
         """Stop the workers and take this node out of the rendezvous round without closing it
         (``shutdown()`` would close it for the survivors too). If the exit fails, the node's
         keep-alive stops and the others drop it after that many keep-alive intervals."""
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _RendezvousExitOp
 
         group = self.get_worker_group()
         self._stop_workers(group)
         group.state = WorkerState.FAILED
         handler = group.spec.rdzv_handler
         try:
+            if not isinstance(handler, DynamicRendezvousHandler):  # c10d's handler is one
+                raise TypeError(f"{type(handler).__name__} is not torch's DynamicRendezvousHandler")
             handler._stop_heartbeats()
             handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 30)
         except Exception as error:  # noqa: BLE001 - the keep-alive expiry still removes this node

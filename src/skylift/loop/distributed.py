@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedContext", "close_process_group", "exit_cleanly", "init_distributed", "launched_by_torchrun"]
+__all__ = ["DistributedContext", "close_process_group", "exit_cleanly", "init_distributed", "launched_by_torchrun",
+           "new_gloo_group"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,14 @@ def init_distributed(device: str = "auto", backend: str = "auto", timeout_s: flo
                 device_id=torch_device if torch_device.type == "cuda" else None,
             )
     return DistributedContext(rank, world_size, local_rank, torch_device, chosen_backend)
+
+
+def new_gloo_group() -> dist.ProcessGroup:
+    """A gloo group of every rank, for control traffic kept off the gradients' (NCCL) group."""
+    group = dist.new_group(backend="gloo")
+    if not isinstance(group, dist.ProcessGroup):  # torch's marker for a rank outside the group: every rank is in
+        raise RuntimeError(f"this rank is not in the gloo group of every rank ({group!r})")
+    return group
 
 
 def exit_cleanly(code: int) -> None:

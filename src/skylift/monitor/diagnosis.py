@@ -119,7 +119,7 @@ def _loader_advice(context: _Context) -> str:
     cpus = context.start.get("cpu_count")
     if sweep and sweep.get("results"):
         results = {int(k): v for k, v in sweep["results"].items()}
-        best = max(results, key=results.get)
+        best = max(results, key=lambda workers_tried: results[workers_tried])
         chosen = sweep.get("chosen", workers)
         if best != chosen and chosen in results:
             gain = results[best] / results[chosen] - 1

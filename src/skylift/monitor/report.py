@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,7 @@ def _section_html(section: _Section) -> str:
     return "".join(parts)
 
 
-def _table(rows: list[tuple[str, str]], header: tuple[str, ...] | None = None) -> str:
+def _table(rows: Sequence[tuple[object, ...]], header: tuple[str, ...] | None = None) -> str:
     head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>" if header else ""
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows

@@ -202,7 +202,10 @@ def _fit_kind(kind: str, rows: list[PublishedRow], structures: dict) -> KindFact
     cases = [(JobStructure.of(_structure(row, structures), row.memory_format), row) for row in rows]
 
     def factors_at(x: Iterable[float]) -> KindFactors:
-        return KindFactors(kind=kind, **{name: math.exp(value) for name, value in zip(names, x, strict=True)})
+        values = {name: math.exp(value) for name, value in zip(names, x, strict=True)}
+        return KindFactors(kind=kind, compute_share=values["compute_share"], bandwidth_share=values["bandwidth_share"],
+                           memory_bandwidth_share=values["memory_bandwidth_share"], layout=values["layout"],
+                           seconds_per_op=values["seconds_per_op"])
 
     def residuals(x: Iterable[float]) -> list[float]:
         factors = factors_at(x)

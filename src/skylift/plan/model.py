@@ -240,8 +240,7 @@ def _compute_from_curve(m: Measurement, target: Target, measured_s: float, curve
     if share is None or not target.memory_bandwidth_bytes_per_s:
         rescale = compute_scale
     else:
-        bandwidth_ratio = (_bandwidth_here(m) or 0.0) / target.memory_bandwidth_bytes_per_s
-        rescale = (1.0 - share) * compute_scale + share * bandwidth_ratio
+        rescale = (1 - share) * compute_scale + share * (_bandwidth_here(m) or 0) / target.memory_bandwidth_bytes_per_s
     if m.device != target.device:
         # On a CPU the curve's fixed part is mostly small-batch inefficiency of the
         # kernels, not host dispatch: it is compute on a GPU too, scaled like the rest.

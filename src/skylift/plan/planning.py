@@ -19,6 +19,7 @@ from skylift.plan.ranking import (
     local_target,
     plan_candidates,
     predicted_hours,
+    runnable_step_time_s,
 )
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def _local_candidate(measurement: Measurement, nproc: int, threads: int | None, 
     if prediction.dropped:
         candidate.dropped.append(prediction.dropped)
     else:
-        candidate.predicted_hours = predicted_hours(measurement, prediction.step_time_s, request.epochs,
+        candidate.predicted_hours = predicted_hours(measurement, runnable_step_time_s(prediction), request.epochs,
                                                     request.global_batch_size, request.samples_per_epoch)  # fmt: skip
     return candidate
 

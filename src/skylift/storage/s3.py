@@ -9,6 +9,7 @@ standard credential chain and never appear in a message.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -225,7 +226,7 @@ class S3Store(Store):
         for offset in range(0, len(pending), 1000):  # DeleteObjects takes at most 1,000 keys
             batch = pending[offset : offset + 1000]
             self._call(
-                lambda batch=batch: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}),
+                functools.partial(self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch}),
                 "",
                 "delete",
             )

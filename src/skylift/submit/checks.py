@@ -109,7 +109,7 @@ def common_problems(image: str | None, *, checkpoint_enabled: bool, checkpoint_r
                     platform: str = "the platform") -> list[Problem]:
     """What every platform needs: an image and a checkpoint root on an object store
     (``stores``: the schemes the platform reads; ``None``: any object store)."""
-    found = []
+    found: list[Problem | None] = []
     if not image:
         found.append(Problem("--image (submit.image)", "no container image; build one with: skylift dockerfile "
                              "--config CONFIG (a script: skylift dockerfile -- python SCRIPT), then push it",

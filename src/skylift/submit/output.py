@@ -20,7 +20,7 @@ __all__ = ["exit_code", "print_request", "print_status", "print_submitted", "req
 def request_document(request: SubmitRequest) -> dict[str, Any]:
     """The request as one JSON-able mapping, secrets redacted: every ``submit.envs`` value
     whatever its name, every URL's user-info, every credential of this environment."""
-    document = {
+    document: dict[str, Any] = {
         "platform": request.platform,
         "operation": request.operation,
         "target": request.target,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def metric_data(record: dict[str, Any], dimensions: list[dict[str, str]], *, sto
     kind = record.get("kind")
     stamp = datetime.datetime.fromtimestamp(record.get("time", 0), tz=datetime.timezone.utc)
 
-    def datum(name: str, value: Any, unit: str, extra: list[dict[str, str]] = ()) -> dict[str, Any] | None:
+    def datum(name: str, value: Any, unit: str, extra: Sequence[dict[str, str]] = ()) -> dict[str, Any] | None:
         if value is None:
             return None
         return {"MetricName": name, "Value": float(value), "Unit": unit, "Timestamp": stamp,

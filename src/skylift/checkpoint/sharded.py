@@ -31,7 +31,7 @@ import json
 import struct
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
@@ -149,7 +150,7 @@ def capture_sharded(
     copier.finish()
     snapshot.deferred = copier.deferred
     if replicated if replicated is not None else rank == 0:
-        _add_documents(snapshot, rank, copier, optimizer_state["param_groups"], values,
+        _add_documents(snapshot, rank, copier, cast(list[dict[str, Any]], optimizer_state["param_groups"]), values,
                        trainer=(counters, scheduler, scaler), extra=extra or {})
     return snapshot
 
@@ -216,7 +217,7 @@ def _full_tensors(metadata: Metadata, prefix: str = _MODEL) -> dict[str, torch.T
     return {
         key[len(prefix) :]: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith(prefix)
+        if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)  # all are: only tensors are written
     }
 
 
@@ -261,7 +262,10 @@ class _SnapshotWriter(StorageWriter):
             fqn = item.index.fqn
             name = self.files[_OPTIMIZER if fqn.startswith(_OPTIMIZER) else _MODEL]
             key = _chunk_key(item.index)
-            host = self.copier.copy(f"dcp/{key}", planner.resolve_data(item), deferrable=self.deferrable(fqn))
+            data = planner.resolve_data(item)
+            if not isinstance(data, torch.Tensor):  # a BytesIO comes only for BYTE_IO, refused above
+                raise TypeError(f"{fqn} is not a tensor: a sharded checkpoint holds only tensors")
+            host = self.copier.copy(f"dcp/{key}", data, deferrable=self.deferrable(fqn))
             self.snapshot.tensors[name][key] = host
             results.append(WriteResult(index=item.index, size_in_bytes=host.numel() * host.element_size(),
                                        storage_data={"file": name, "key": key}))
@@ -366,7 +370,7 @@ def decode_metadata(data: bytes, where: str) -> Metadata:
     try:
         if document.get("format") != METADATA_FORMAT:
             raise ValueError(f"format {document.get('format')!r} is not {METADATA_FORMAT!r}")
-        entries = {
+        entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
             str(key): TensorStorageMetadata(
                 TensorProperties(dtype=_DTYPES_BY_NAME[entry["dtype"]]),
                 torch.Size(int(size) for size in entry["size"]),

@@ -50,7 +50,7 @@ def run_user_code(argv: list[str]) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"skylift: error: {error}", file=sys.stderr)
         return EXIT_SKYLIFT_ERROR
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - as python itself: any end of the user's script, Ctrl-C too, is a traceback
         traceback.print_exc()
         return 1
     return 0

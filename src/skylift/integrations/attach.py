@@ -87,7 +87,8 @@ def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent); patch what is already imported."""
     if any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
         return
-    patches = {"transformers.trainer": _patch_transformers, "lightning.pytorch.trainer.trainer": _patch_lightning}
+    patches: dict[str, Callable[[ModuleType], None]] = {"transformers.trainer": _patch_transformers,
+                                                         "lightning.pytorch.trainer.trainer": _patch_lightning}
     for name, patch in patches.items():
         if name in sys.modules:
             patch(sys.modules[name])
@@ -138,7 +139,8 @@ def _attach_to_transformers(trainer: Any, passed: Any) -> Any:
     if passed is None or passed is True:  # True: "the newest", which must be a complete one
         found = resume_checkpoint(trainer)
         resume = found if found is not None else (None if passed is None else passed)
-        _say("transformers", f"{what}; " + (f"resuming from {found}" if found else "no complete checkpoint: fresh start"))
+        _say("transformers",
+             f"{what}; " + (f"resuming from {found}" if found else "no complete checkpoint: fresh start"))
         return resume
     _say("transformers", f"{what}; the program's own resume_from_checkpoint={passed!r} stays")
     return passed

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -34,9 +34,12 @@ from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
 from skylift.loop.agreement import StopReason
 from skylift.loop.collectives import collective
-from skylift.loop.distributed import DistributedContext, exit_cleanly
+from skylift.loop.distributed import DistributedContext, exit_cleanly, new_gloo_group
 from skylift.loop.events import TrainState
 from skylift.train.services import RunServices
+
+if TYPE_CHECKING:
+    from skylift.monitor.report import Report
 
 __all__ = ["BatchCount", "ScriptRun", "exit_code_for", "resolve_config"]
 
@@ -93,7 +96,7 @@ class ScriptRun:
         self.services = RunServices(services_config, context, device=context.device, precision=precision,
                                     ddp_module=lambda: None, micro_steps=micro_steps)
         # Barriers of the commit rule run on their own gloo group, off the framework's (NCCL) traffic.
-        self._group = dist.new_group(backend="gloo") if context.is_distributed else None
+        self._group = new_gloo_group() if context.is_distributed else None
         self.state = TrainState(total_steps=0, steps_per_epoch=0, global_batch_size=0)
         self.stopped: str | None = None
         """Why the run stops (``preemption notice``, ``guard``) once the ranks agreed, else None."""
@@ -266,7 +269,7 @@ class ScriptRun:
         self.barrier()
         exit_cleanly(code)
 
-    def _say_where_it_ended(self, report: Any) -> None:
+    def _say_where_it_ended(self, report: Report | None) -> None:
         run_dir = self.services.run_dir.root
         if self.stopped:
             print(f"skylift: stopped at step {self.state.step} ({self.stopped}); run folder {run_dir}", file=sys.stderr)

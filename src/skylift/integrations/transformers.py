@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from transformers import TrainerCallback
@@ -43,6 +43,9 @@ from skylift.integrations.run import BatchCount, ScriptRun, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 __all__ = ["PREFIX", "SkyliftCallback", "resume_checkpoint"]
 
@@ -86,10 +89,11 @@ class SkyliftCallback(TrainerCallback):
 
     # -- the Trainer's events ---------------------------------------------------------
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
         _check_arguments(args)
-        config = resolve_config(self.config_source, default_run_dir=args.output_dir)
-        self.checkpoints = checkpoints_beside(args.output_dir, PREFIX, config)
+        config = resolve_config(self.config_source, default_run_dir=_output_dir(args))
+        self.checkpoints = checkpoints_beside(_output_dir(args), PREFIX, config)
         self._batches = BatchCount.of(kwargs.get("train_dataloader"), per_rank_batch=args.per_device_train_batch_size,
                                        world_size=args.world_size, accumulation=args.gradient_accumulation_steps)
         self.run = ScriptRun(config, _context(args), precision=_precision(args),
@@ -100,16 +104,20 @@ class SkyliftCallback(TrainerCallback):
                                  epoch=_epoch(state.epoch), samples_seen=self._batches.samples_at(state.global_step))
         self.run.start(train_state, resumed_from_step=state.global_step or None)
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
         self._require_run().step_begin()
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              **kwargs: Any) -> None:
         self._require_run().mark("forward_backward")
 
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          **kwargs: Any) -> None:
         self._require_run().mark("optimizer")
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
         run = self._require_run()
         assert self._batches is not None
         stopped = run.step_end(state.global_step, epoch=_epoch(state.epoch),
@@ -122,18 +130,20 @@ class SkyliftCallback(TrainerCallback):
         self._before_a_save(args, state, control)
         return control
 
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> TrainerControl:
         self._before_a_save(args, state, control)
         return control
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         run = self._require_run()
         assert self.checkpoints is not None
         run.barrier()  # every rank has written its files (each writes its own RNG state)
         if run.context.is_main:
             commit(run, self.checkpoints, state.global_step, started_at_s=self._save_started_s)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         run = self._require_run()
         logs = logs or {}
         numbers = {name: float(value) for name, value in logs.items()
@@ -146,7 +156,8 @@ class SkyliftCallback(TrainerCallback):
         elif any(name.startswith("eval_") for name in numbers):
             run.log_eval(state.global_step, {name: value for name, value in numbers.items() if name != "epoch"})
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         run = self._require_run()
         self.exit_code = run.finish()
         if self.exit_code != EXIT_OK and self.exit_on_stop:
@@ -154,7 +165,7 @@ class SkyliftCallback(TrainerCallback):
 
     # -- parts ----------------------------------------------------------------------------
 
-    def _before_a_save(self, args: Any, state: Any, control: Any) -> None:
+    def _before_a_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         if not control.should_save:
             return
         self._save_started_s = time.perf_counter()
@@ -169,7 +180,8 @@ class SkyliftCallback(TrainerCallback):
         return self.run
 
 
-def resume_checkpoint(where: Any, *, config: RunConfig | str | os.PathLike[str] | None = None,
+def resume_checkpoint(where: Trainer | str | os.PathLike[str], *,
+                      config: RunConfig | str | os.PathLike[str] | None = None,
                       wait_s: float = 1800.0) -> str | None:
     """The newest complete ``checkpoint-N/`` for ``trainer.train(resume_from_checkpoint=...)``.
 
@@ -187,16 +199,26 @@ def resume_checkpoint(where: Any, *, config: RunConfig | str | os.PathLike[str] 
         checkpoint in the mirror (``s3://``, ``oss://``, ``cos://`` or another folder) is
         first copied onto local disk, each file verified.
     """
-    output_dir = where.args.output_dir if hasattr(where, "args") else os.fspath(where)
-    if config is None and hasattr(where, "callback_handler"):
-        callback = next((c for c in where.callback_handler.callbacks if isinstance(c, SkyliftCallback)), None)
-        config = callback.config_source if callback is not None else None
+    if isinstance(where, (str, os.PathLike)):
+        output_dir = os.fspath(where)
+    else:
+        output_dir = _output_dir(where.args)
+        if config is None:
+            callback = next((c for c in where.callback_handler.callbacks if isinstance(c, SkyliftCallback)), None)
+            config = callback.config_source if callback is not None else None
     resolved = resolve_config(config, default_run_dir=output_dir)
     folder = newest_complete(checkpoints_beside(output_dir, PREFIX, resolved), wait_s=wait_s)
     return str(folder) if folder is not None else None
 
 
-def _check_arguments(args: Any) -> None:
+def _output_dir(args: TrainingArguments) -> str:
+    """``output_dir``: TrainingArguments sets its default (``trainer_output``) when built."""
+    if args.output_dir is None:
+        raise ValueError("TrainingArguments.output_dir is None: it is set when the arguments are built")
+    return args.output_dir
+
+
+def _check_arguments(args: TrainingArguments) -> None:
     if args.save_total_limit == 1:
         raise SkyliftConfigError(
             "TrainingArguments.save_total_limit=1: the Trainer deletes the older checkpoint before skylift can seal "
@@ -205,13 +227,13 @@ def _check_arguments(args: Any) -> None:
         )
 
 
-def _context(args: Any) -> DistributedContext:
+def _context(args: TrainingArguments) -> DistributedContext:
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
     return DistributedContext(rank=args.process_index, world_size=args.world_size,
                               local_rank=args.local_process_index, device=args.device, backend=backend)
 
 
-def _precision(args: Any) -> str:
+def _precision(args: TrainingArguments) -> str:
     if args.bf16:
         return "bf16"
     if args.fp16:

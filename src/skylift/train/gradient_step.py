@@ -45,7 +45,8 @@ class GradientStep:
         self.collective_device = torch.device("cpu")
         """Where tensors for collectives on the default group live (NCCL: the device; gloo: host)."""
         self._parameters: list[nn.Parameter] = []
-        self._ddp_options = {"find_unused_parameters": find_unused_parameters, "bucket_cap_mb": bucket_cap_mib}
+        self._ddp_options: dict[str, Any] = {"find_unused_parameters": find_unused_parameters,
+                                             "bucket_cap_mb": bucket_cap_mib}
 
     @property
     def sync_gradients(self) -> bool:

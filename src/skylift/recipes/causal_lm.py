@@ -109,7 +109,8 @@ class CausalLM(Recipe):
         val = self._sequences(val_rows, "recipe.val_path (or the held-out data.val_fraction)")
         if isinstance(val, DocumentSequences):
             # Evaluation sums over every sequence, in any order: by length, its batches pad little.
-            val = val.subset(sorted(range(len(val)), key=lambda index: val.lengths[index]))
+            documents = val
+            val = documents.subset(sorted(range(len(documents)), key=lambda index: documents.lengths[index]))
         self._log_data(train_rows, val_rows, train, val)
         return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
 
@@ -126,7 +127,8 @@ class CausalLM(Recipe):
         def encode(texts: list[str], special: bool) -> list[list[int]]:
             return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
 
-        documents = encode_documents(rows, encode, int(self.tokenizer.eos_token_id), mask_prompt=self.settings.mask_prompt)
+        eos = int(self.tokenizer.eos_token_id)
+        documents = encode_documents(rows, encode, eos, mask_prompt=self.settings.mask_prompt)
         if self.settings.packing:
             return PackedBlocks(documents, self.settings.sequence_length, field=field)
         return DocumentSequences(documents, self.settings.sequence_length)
@@ -134,8 +136,9 @@ class CausalLM(Recipe):
     def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
         labelled = int((train.labels != IGNORE_INDEX).sum()) if isinstance(train, PackedBlocks) else sum(
             int((labels != IGNORE_INDEX).sum()) for _, labels in train.sequences)  # fmt: skip
-        shape = (f"{len(train)} packed blocks of {self.settings.sequence_length} tokens" if isinstance(train, PackedBlocks)
-                 else f"{len(train)} sequences (up to {self.settings.sequence_length} tokens; {train.truncated} cut there)")
+        length = self.settings.sequence_length
+        shape = (f"{len(train)} packed blocks of {length} tokens" if isinstance(train, PackedBlocks)
+                 else f"{len(train)} sequences (up to {length} tokens; {train.truncated} cut there)")
         log.info("causal_lm: %d training and %d validation documents; training: %s, %d labelled tokens; "
                  "validation: %d sequences", len(train_rows), len(val_rows), shape, labelled, len(val))  # fmt: skip
 

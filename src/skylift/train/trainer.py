@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,9 @@ from skylift.train.ema import WeightAverage
 from skylift.train.optim import build_lr_schedule, build_optimizer
 from skylift.train.runtime import Runtime
 from skylift.train.services import seed_everything
+
+if TYPE_CHECKING:
+    from skylift.monitor.watch import RunMonitor
 
 __all__ = ["RunSummary", "Trainer"]
 
@@ -106,10 +109,12 @@ class Trainer:
         self.recipe = recipe or build_recipe(config)
         self.runtime = Runtime.from_config(config, context, callbacks=callbacks)
         services = self.runtime.services
+        if services is None:  # from_config always builds them; a Runtime made by hand has none
+            raise RuntimeError("the Trainer needs a Runtime built by Runtime.from_config")
         # The parts the loop shares with a hand-written one (skylift.train.services).
         self.services = services
-        self.run_dir, self.events, self.metrics, self.monitor = (
-            services.run_dir, services.events, services.metrics, services.monitor)
+        self.run_dir, self.events, self.metrics = services.run_dir, services.events, services.metrics
+        self.monitor: RunMonitor | _FlopsOnMetaCopy = services.monitor
         if self.runtime.sharding is not None:
             self.runtime.sharding.keep_meta_copy = config.monitor.mfu
             self.monitor = _FlopsOnMetaCopy(services.monitor, self.runtime.sharding)
@@ -195,7 +200,7 @@ class Trainer:
         whose trials run it."""
         sharding = self.runtime.sharding
         source = self.recipe.weights_source() if sharding is not None else None
-        if source is None or self.config.data.micro_batch_size == "auto":
+        if sharding is None or source is None or self.config.data.micro_batch_size == "auto":
             return self.recipe.build_model(data).train()
         sharding.weights_source = source
         with torch.device("meta"):
@@ -314,8 +319,8 @@ class Trainer:
         module = parts.ema.module if parts.ema is not None else self.runtime.unwrap(parts.model)
         module.eval()
         totals: dict[str, torch.Tensor] = {}
-        for batch, counted in self.runtime.evaluation_batches(parts.val_loader):
-            batch = self.runtime.to_device(batch)
+        for host_batch, counted in self.runtime.evaluation_batches(parts.val_loader):
+            batch = self.runtime.to_device(host_batch)
             with self.runtime.precision.autocast(self.runtime.device.type):
                 sums = self.recipe.eval_sums(module, batch)
             if not counted:

@@ -391,10 +391,8 @@ def decode_metadata(data: bytes, where: str) -> Metadata:
 
 
 def _collectively(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Run a DCP save or load; its failure on any rank (DCP's ``CheckpointException``, a
-    ``BaseException`` that ``except Exception`` would miss, raised on every rank) as an
-    ordinary error: a ``CorruptCheckpointError`` when every failure is a bad or
-    unreadable file."""
+    """Run a DCP save or load; a failure on any rank (DCP's ``CheckpointException``, a ``BaseException``
+    raised on every rank) as an error: ``CorruptCheckpointError`` when each is a bad or unreadable file."""
     try:
         with warnings.catch_warnings():
             # One process without a process group is the intended case, not a fallback.

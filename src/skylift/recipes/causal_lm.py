@@ -144,9 +144,23 @@ class CausalLM(Recipe):
 
     def build_model(self, data: DatasetSplit | None = None) -> nn.Module:
         """The model in fp32: the folder's weights, or the tiny Llama drawn from the run's
-        seed. Under a meta default device (``with torch.device("meta")``: a memory
-        estimate, or a sharded run that loads :meth:`weights_source` itself), the
-        architecture only."""
+        seed; with ``recipe.lora``, frozen under PEFT's adapters, its state dict the
+        adapters' only (:mod:`skylift.recipes.adapters`). Under a meta default device
+        (``with torch.device("meta")``: a memory estimate, or a sharded run that loads
+        :meth:`weights_source` itself), the architecture only."""
+        model = self._base_model()
+        if self.settings.lora is None:
+            return model
+        from skylift.recipes.adapters import apply_lora, check_quantization
+
+        check_quantization(self.settings.lora, self._device_type())
+        return apply_lora(model, self.settings.lora)
+
+    def _device_type(self) -> str:
+        device = self.config.device
+        return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+    def _base_model(self) -> nn.Module:
         transformers = _transformers()
         if torch.get_default_device().type == "meta":
             return transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
@@ -165,8 +179,9 @@ class CausalLM(Recipe):
         return model
 
     def weights_source(self) -> Path | None:
-        """The model folder, when it holds safetensors weights (the tiny Llama has none)."""
-        if self.folder is None or not any(self.folder.glob("*.safetensors")):
+        """The model folder, when it holds safetensors weights (the tiny Llama has none;
+        with adapters the parameters' names are PEFT's, not the folder's)."""
+        if self.folder is None or self.settings.lora is not None or not any(self.folder.glob("*.safetensors")):
             return None
         return self.folder
 
@@ -197,13 +212,22 @@ class CausalLM(Recipe):
         return {"loss": loss, "perplexity": math.exp(loss) if loss < 709.0 else math.inf}
 
     def export_pretrained(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *,
-                          dtype: torch.dtype = torch.float32) -> list[Path]:
+                          dtype: torch.dtype = torch.float32, merged: bool = False) -> list[Path]:
         """The model of :meth:`model_config` holding ``state_dict``, and the tokenizer, as
-        ``save_pretrained`` writes them (safetensors), in ``dtype``.
+        ``save_pretrained`` writes them (safetensors), in ``dtype``. With ``recipe.lora``,
+        ``state_dict`` holds the adapters: PEFT's adapter folder (``adapter_config.json``,
+        ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base, folder)`` loads
+        it), or with ``merged`` the base with the adapters merged in (``merge_and_unload``).
 
         Raises:
             SkyliftConfigError: ``state_dict`` does not fit the architecture (names the keys).
         """
+        if self.settings.lora is not None:
+            return self._export_adapters(state_dict, out_dir, dtype=dtype, merged=merged)
+        if merged:
+            raise SkyliftConfigError("--merged: this run trained every weight (recipe.lora is null), so there are "
+                                     "no adapters to merge", hint="Export without --merged: the folder is the "
+                                     "whole model already")  # fmt: skip
         transformers = _transformers()
         with torch.device("meta"):  # no memory for weights that are replaced next
             model = transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
@@ -217,6 +241,25 @@ class CausalLM(Recipe):
                 f"{missing[:5]}, unexpected {list(unexpected)[:5]}", hint="Export with the config the run trained")
         model.tie_weights()
         model.to(dtype)
+        return self._save_pretrained(model, out_dir)
+
+    def _export_adapters(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *, dtype: torch.dtype,
+                         merged: bool) -> list[Path]:
+        """The base built as the run built it, the trained adapters loaded over it."""
+        model = self.build_model()
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if missing or unexpected:
+            raise SkyliftConfigError(
+                f"the checkpoint does not fit {self.settings.model_path} with recipe.lora {self.settings.lora}: "
+                f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}",
+                hint="Export with the config the run trained (a full fine-tune's weights hold no adapters)")
+        if merged:
+            model = model.merge_and_unload()
+        model.to(dtype)
+        return self._save_pretrained(model, out_dir)
+
+    def _save_pretrained(self, model: nn.Module, out_dir: Path) -> list[Path]:
+        transformers = _transformers()
         transformers.logging.disable_progress_bar()  # one "Writing model shards" bar per call otherwise
         try:
             model.save_pretrained(str(out_dir))

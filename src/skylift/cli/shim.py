@@ -60,8 +60,7 @@ def main(argv: list[str]) -> int:
     die_with_launcher()
     from skylift.integrations.attach import attach_enabled, install
 
-    if attach_enabled():
-        install()
+    install(trainers=attach_enabled())  # accelerate's nested launch is handled even with --no-attach
     return run_user_code(argv)
 
 

@@ -14,6 +14,7 @@ on the CPU and each worker trains alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,10 +73,8 @@ def _kill_family(process: subprocess.Popen) -> None:
     except (psutil.Error, ProcessLookupError):
         family = []
     for child in family:
-        try:
+        with contextlib.suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
     process.wait(30)
 
 

@@ -5,7 +5,8 @@
 on the workers' ``PYTHONPATH``: its ``sitecustomize.py`` installs the same hook in any
 Python process a worker starts (``trl sft`` and ``axolotl train`` re-launch through
 ``accelerate launch``), at the first import of ``transformers``, ``lightning`` or
-``accelerate``. ``--no-attach`` (``SKYLIFT_ATTACH=0``) leaves the Trainers alone. :func:`install` puts one finder first on ``sys.meta_path`` that
+``accelerate``. ``--no-attach`` (``SKYLIFT_ATTACH=0``) leaves the Trainers alone.
+:func:`install` puts one finder first on ``sys.meta_path`` that
 does nothing but look a module's name up in a dict of two, so a program that imports
 neither ``transformers`` nor ``lightning`` pays one dict lookup per import. When
 ``transformers.trainer`` or ``lightning.pytorch.trainer.trainer`` is executed, the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,7 +43,8 @@ def target_modules(model: nn.Module, lora: LoraSettings) -> list[str]:
     """
     linear = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     if lora.target_modules is None:
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        # A Hugging Face model's method, which nn.Module's type does not know.
+        head = cast(Any, model).get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         heads = {name for name, module in model.named_modules() if module is head}
         names = sorted({name.rsplit(".", 1)[-1] for name in linear - heads})
         if not names:
@@ -84,7 +85,8 @@ def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
                              modules_to_save=whole, task_type="CAUSAL_LM")  # fmt: skip
     with warnings.catch_warnings():
-        # PEFT 0.21 asks transformers 5 the deprecated is_gradient_checkpointing: a warning per build, nothing to fix here.
+        # PEFT 0.21 asks transformers 5 the deprecated is_gradient_checkpointing: a warning per build,
+        # nothing to fix here.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         adapted = peft.get_peft_model(model, config)
     trainable = sum(parameter.numel() for parameter in adapted.parameters() if parameter.requires_grad)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -254,7 +254,7 @@ class CausalLM(Recipe):
                 f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}",
                 hint="Export with the config the run trained (a full fine-tune's weights hold no adapters)")
         if merged:
-            model = model.merge_and_unload()
+            model = cast(Any, model).merge_and_unload()  # a PeftModel's
         model.to(dtype)
         return self._save_pretrained(model, out_dir)
 
@@ -262,7 +262,7 @@ class CausalLM(Recipe):
         transformers = _transformers()
         transformers.logging.disable_progress_bar()  # one "Writing model shards" bar per call otherwise
         try:
-            model.save_pretrained(str(out_dir))
+            cast(Any, model).save_pretrained(str(out_dir))  # a Hugging Face (or PEFT) model's
         finally:
             transformers.logging.enable_progress_bar()
         self.tokenizer.save_pretrained(str(out_dir))

@@ -93,7 +93,8 @@ def export_run(run_dir: Path, out_dir: Path, *, source: Source = "auto", dtype: 
     staging.mkdir(parents=True)
     try:
         # Only asked of a recipe when set: a recipe of the user's need not know the keyword.
-        written = recipe.export_pretrained(weights, staging, dtype=DTYPES[dtype], **({"merged": True} if merged else {}))
+        flags = {"merged": True} if merged else {}
+        written = recipe.export_pretrained(weights, staging, dtype=DTYPES[dtype], **flags)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)

@@ -80,5 +80,7 @@ def test_two_nodes_run_the_submitted_script_under_the_platforms_environment(plat
     assert {item["sum"] for item in seen} == {3.0}  # 1 + 2: both ranks in one group
     for item in seen:
         assert item["arguments"] == ["--epochs", "3"]
+        # SageMaker's run folder is its model directory, which it uploads when the job ends.
+        run_dir = "/opt/ml/model" if platform == "sagemaker" else "runs/two-nodes"
         assert item["variables"] == {"SKYLIFT_PLATFORM": platform, "SKYLIFT_CHECKPOINT_ROOT": root,
-                                     "SKYLIFT_RUN_DIR": "runs/two-nodes"}
+                                     "SKYLIFT_RUN_DIR": run_dir}

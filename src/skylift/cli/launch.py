@@ -73,7 +73,7 @@ def execute(args: argparse.Namespace) -> int:
                                enforce=not args.no_doctor)  # fmt: skip
     from skylift.launch.notice_relay import NoticeRelay
 
-    lease = _take_lease()
+    lease = _take_lease() if (topology.nnodes or 1) == 1 else None
     relay = NoticeRelay()
     # The workers die with this process (a kill -9 of it leaves none training) and read the relayed notice.
     os.environ.update({LAUNCHER_PID_VARIABLE: str(os.getpid()), **relay.environment()})
@@ -88,7 +88,11 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def _take_lease() -> Any:
-    """The checkpoint root's run lease, for whatever the workers run (None without a root)."""
+    """The checkpoint root's run lease, for whatever the workers run (None without a root).
+
+    One node only: each node of a multi-node job runs its own launcher, and one lease per
+    launcher would refuse the other nodes. There, a skylift Runtime's workers take the
+    job's lease on rank 0, as they do without ``skylift launch``."""
     from skylift.config.script_environment import ScriptEnvironment
     from skylift.launch.run_lease import take_launch_lease
 

@@ -153,10 +153,23 @@ def config_fingerprint(resolved: dict[str, Any]) -> str:
     The global batch and accumulation are left out: the planner predicts other batch sizes
     from one measurement, so a plan with ``--set data.global_batch_size=256`` reuses it.
     """
+    resolved = _with_recipe_defaults(resolved)
     kept = {key: value for key, value in resolved.items() if key not in _UNSHAPED_SECTIONS and key != "accumulation"}
     kept["data"] = {key: value for key, value in kept.get("data", {}).items()
                     if key not in ("global_batch_size", "micro_batch_size", "micro_batch_memory_gib")}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _with_recipe_defaults(resolved: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` with every setting of its recipe spelled out: a run folder's config.yaml
+    lists them all (skylift writes the validated settings back), the YAML a bench read
+    only those it set; the same job must hash the same."""
+    from skylift.config.schema import RunConfig
+    from skylift.recipes import check_recipe_settings
+
+    config = RunConfig.model_validate(resolved)
+    check_recipe_settings(config)
+    return {**resolved, "recipe": config.model_dump(mode="json")["recipe"]}
 
 
 def find_latest(fingerprint: str, folder: Path = BENCH_DIR) -> Path | None:

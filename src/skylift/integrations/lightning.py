@@ -38,7 +38,7 @@ from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
 from skylift.integrations.commit import checkpoints_under, commit, newest_complete
-from skylift.integrations.run import BatchCount, ScriptRun, resolve_config
+from skylift.integrations.run import BatchCount, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
@@ -85,6 +85,16 @@ class SkyliftCallback(pl.Callback):
         return self.run.stopped if self.run is not None else None
 
     # -- Lightning's hooks --------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        nodes = int(os.environ.get("WORLD_SIZE", "1") or 1) // max(processes, 1)
+        fix = (f'Pass Trainer(devices={processes}, strategy="ddp"' + (f", num_nodes={nodes}" if nodes > 1 else "")
+               + '): with devices="auto" on the CPU (or fewer devices than processes) Lightning runs each launched '
+               "process alone.")
+        check_process_group("the Lightning Trainer", trainer.world_size, fix=fix)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         context = DistributedContext(rank=trainer.global_rank, world_size=trainer.world_size,

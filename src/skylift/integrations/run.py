@@ -32,12 +32,13 @@ import torch.distributed as dist
 from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
+from skylift.errors import SkyliftError
 from skylift.loop.agreement import StopReason
 from skylift.loop.distributed import DistributedContext, exit_cleanly
 from skylift.loop.events import TrainState
 from skylift.train.services import RunServices
 
-__all__ = ["BatchCount", "ScriptRun", "exit_code_for", "resolve_config"]
+__all__ = ["BatchCount", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group", "exit_code_for", "resolve_config"]
 
 log = logging.getLogger("skylift")
 
@@ -65,6 +66,42 @@ def resolve_config(config: RunConfig | str | os.PathLike[str] | None, *, default
     if told.checkpoint_root:
         resolved.checkpoint.root = told.checkpoint_root
     return resolved
+
+
+_RANK_0_FIRST_S = 3.0
+
+
+class ProcessGroupNotFormedError(SkyliftError):
+    """The framework left the launched processes apart: each would run the whole job."""
+
+
+def check_process_group(framework: str, framework_world_size: int, *, fix: str,
+                        environ: dict[str, str] | None = None) -> None:
+    """Refuse a launch whose framework did not form the process group it was given.
+
+    torchrun (``skylift launch --nproc N``) started ``WORLD_SIZE`` processes; a framework
+    that leaves them apart (a Trainer on the CPU without ``use_cpu``, Lightning with
+    ``devices="auto"``) runs N single-process copies of the job side by side, each
+    rank 0, all writing one ``metrics.jsonl`` and sealing the same folders. Every
+    process raises, before any step; the shim prints rank 0's line only.
+
+    Raises:
+        ProcessGroupNotFormedError: ``framework_world_size`` is not ``WORLD_SIZE`` (one line, ending in
+            ``fix``: the framework's setting to change).
+    """
+    environ = os.environ if environ is None else environ
+    launched = int(environ.get("WORLD_SIZE", "1") or 1)
+    if launched <= 1 or framework_world_size == launched:
+        return
+    if environ.get("RANK", "0") != "0":
+        # The launcher stops every worker once one fails: the others give rank 0, which says
+        # why (the shim prints rank 0's error only), the time to say it first.
+        time.sleep(_RANK_0_FIRST_S)
+    raise ProcessGroupNotFormedError(
+        f"{launched} processes were launched (WORLD_SIZE={launched}) but {framework} runs in a process group "
+        f"of {framework_world_size}: {launched // max(framework_world_size, 1)} copies of the job would train side by "
+        f"side into one run folder. {fix}"
+    )
 
 
 def exit_code_for(stopped: str | None) -> int:

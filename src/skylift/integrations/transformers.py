@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -39,7 +40,7 @@ from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK, SkyliftConfigError
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
 from skylift.integrations.commit import checkpoints_beside, commit, newest_complete
-from skylift.integrations.run import BatchCount, ScriptRun, resolve_config
+from skylift.integrations.run import BatchCount, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
@@ -78,6 +79,8 @@ class SkyliftCallback(TrainerCallback):
         """Once training ended: 0, 143 (preempted: run again to resume) or 3 (a guard stopped it)."""
         self._batches: BatchCount | None = None
         self._save_started_s = time.perf_counter()
+        self._finished_at: int | None = None
+        """The step of a finished job this rerun resumed at (``max_steps``): the rerun trains nothing."""
 
     @property
     def stopped(self) -> str | None:
@@ -86,8 +89,11 @@ class SkyliftCallback(TrainerCallback):
 
     # -- the Trainer's events ---------------------------------------------------------
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         _check_arguments(args)
+        check_process_group("the Hugging Face Trainer", args.world_size, fix=_group_fix(args))
+        if state.global_step > 0 and state.global_step >= state.max_steps > 0:
+            return self._nothing_to_train(args, state, control)
         config = resolve_config(self.config_source, default_run_dir=args.output_dir)
         self.checkpoints = checkpoints_beside(args.output_dir, PREFIX, config)
         self._batches = BatchCount.of(kwargs.get("train_dataloader"), per_rank_batch=args.per_device_train_batch_size,
@@ -99,17 +105,28 @@ class SkyliftCallback(TrainerCallback):
                                  global_batch_size=self._batches.global_batch, step=state.global_step,
                                  epoch=_epoch(state.epoch), samples_seen=self._batches.samples_at(state.global_step))
         self.run.start(train_state, resumed_from_step=state.global_step or None)
+        return control
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._require_run().step_begin()
+        if self._finished_at is None:
+            self._require_run().step_begin()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._finished_at is not None:
+            # The Trainer takes one step before it looks at should_training_stop: with no
+            # gradients the optimizer leaves every weight of the finished model as it was.
+            kwargs["optimizer"].zero_grad(set_to_none=True)
+            return
         self._require_run().mark("forward_backward")
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._require_run().mark("optimizer")
+        if self._finished_at is None:
+            self._require_run().mark("optimizer")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._finished_at is not None:
+            state.global_step = self._finished_at  # that step changed nothing: no checkpoint, log or eval of it
+            return _nothing_more(control)
         run = self._require_run()
         assert self._batches is not None
         stopped = run.step_end(state.global_step, epoch=_epoch(state.epoch),
@@ -123,10 +140,14 @@ class SkyliftCallback(TrainerCallback):
         return control
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._finished_at is not None:
+            return _nothing_more(control)
         self._before_a_save(args, state, control)
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._finished_at is not None:
+            return
         run = self._require_run()
         assert self.checkpoints is not None
         run.barrier()  # every rank has written its files (each writes its own RNG state)
@@ -134,6 +155,8 @@ class SkyliftCallback(TrainerCallback):
             commit(run, self.checkpoints, state.global_step, started_at_s=self._save_started_s)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self._finished_at is not None:
+            return
         run = self._require_run()
         logs = logs or {}
         numbers = {name: float(value) for name, value in logs.items()
@@ -147,12 +170,26 @@ class SkyliftCallback(TrainerCallback):
             run.log_eval(state.global_step, {name: value for name, value in numbers.items() if name != "epoch"})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._finished_at is not None:
+            self.exit_code = EXIT_OK
+            return
         run = self._require_run()
         self.exit_code = run.finish()
         if self.exit_code != EXIT_OK and self.exit_on_stop:
             run.exit(self.exit_code)
 
     # -- parts ----------------------------------------------------------------------------
+
+    def _nothing_to_train(self, args: Any, state: Any, control: Any) -> Any:
+        """A rerun of a finished job: the Trainer restored its final checkpoint; train nothing,
+        write nothing (no run records, no checkpoint), say so once."""
+        self._finished_at = state.global_step
+        if args.process_index == 0:
+            print(f"skylift: nothing to train: this job finished (its newest complete checkpoint is at step "
+                  f"{state.global_step}, max_steps {state.max_steps}); the final checkpoint stays as it is",
+                  file=sys.stderr, flush=True)
+        control.should_training_stop = True
+        return control
 
     def _before_a_save(self, args: Any, state: Any, control: Any) -> None:
         if not control.should_save:
@@ -203,6 +240,20 @@ def _check_arguments(args: Any) -> None:
             "the new one, so a save cut short would leave none complete",
             hint="Set save_total_limit=2 or more (or leave it None).",
         )
+
+
+def _group_fix(args: Any) -> str:
+    if args.device.type == "cpu" and not args.use_cpu:
+        return ("Pass TrainingArguments(use_cpu=True, ...): without a GPU the Trainer joins the launched processes "
+                "into one group only with use_cpu.")
+    return ("Give the Trainer one device per process (TrainingArguments' device settings), or launch one process "
+            "(skylift launch --nproc 1).")
+
+
+def _nothing_more(control: Any) -> Any:
+    control.should_save = control.should_log = control.should_evaluate = False
+    control.should_training_stop = True
+    return control
 
 
 def _context(args: Any) -> DistributedContext:

@@ -1,0 +1,108 @@
+"""The frameworks' own ways of losing a job, refused or repaired by skylift's callbacks:
+a launch whose framework did not form the process group it was given, a finished
+Trainer job run again, Lightning's own ModelCheckpoint files, the loss the Trainer logs
+on several processes, the run records, and the run lease.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skylift.integrations.run import ProcessGroupNotFormedError, check_process_group
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _launch(cwd: Path, nproc: int, *command: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SKYLIFT_") or key.startswith("SKYLIFT_NETGUARD_")}  # the guard stays
+    # A dead loopback endpoint: no metadata service is polled off this machine.
+    env.update(PYTHONUNBUFFERED="1", SKYLIFT_CLOUD="aws", SKYLIFT_METADATA_ENDPOINT="http://127.0.0.1:9")
+    return subprocess.run(
+        [sys.executable, "-m", "skylift", "launch", "--nproc", str(nproc), "--no-doctor", "--", "python", *command],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+
+
+def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("skylift: error:")]
+
+
+# -- a process group the framework did not form --------------------------------------------
+
+
+def test_a_framework_world_of_one_under_two_launched_processes_is_refused():
+    with pytest.raises(ProcessGroupNotFormedError, match=r"2 processes were launched \(WORLD_SIZE=2\) but Lightning") as refusal:
+        check_process_group("Lightning", 1, fix="Pass devices=2.", environ={"WORLD_SIZE": "2"})
+    assert "\n" not in str(refusal.value)
+    assert str(refusal.value).endswith("2 copies of the job would train side by side into one run folder. Pass devices=2.")
+    check_process_group("Lightning", 2, fix="-", environ={"WORLD_SIZE": "2"})  # formed: nothing to say
+    check_process_group("Lightning", 1, fix="-", environ={})  # not launched by torchrun
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_trainer_on_the_cpu_without_use_cpu_under_two_processes_is_refused_before_a_step(tmp_path):
+    result = _launch(tmp_path, 2, str(PROGRAMS / "unjoined_job.py"), "hf", "out")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    [line] = _error_lines(result)  # rank 0's line, not one per copy
+    assert "2 processes were launched (WORLD_SIZE=2) but the Hugging Face Trainer runs in a process group of 1" in line
+    assert "TrainingArguments(use_cpu=True" in line
+    assert "trained" not in result.stdout.splitlines()
+    assert not list((tmp_path / "out").glob("checkpoint-*")) and not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_lightning_with_devices_auto_under_two_processes_is_refused_before_a_step(tmp_path):
+    result = _launch(tmp_path, 2, str(PROGRAMS / "unjoined_job.py"), "lightning")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    [line] = _error_lines(result) or [output[-4000:]]
+    assert "but the Lightning Trainer runs in a process group of 1" in line
+    assert 'Pass Trainer(devices=2, strategy="ddp")' in line
+    assert "trained" not in result.stdout.splitlines()
+    assert not (tmp_path / "runs" / "default" / "metrics.jsonl").exists()
+
+
+# -- a finished Trainer job run again ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_trainer_job_trains_nothing_writes_nothing_and_says_so(tmp_path, capfd):
+    from safetensors.torch import load_file
+
+    from skylift.config.load import load_config
+    from skylift.integrations.checkpoints import verify_folder
+    from skylift.integrations.transformers import SkyliftCallback, resume_checkpoint
+    from examples.integrations import hf_job
+    from tests.integrations.records import records
+
+    config = load_config(None, ["preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false",
+                                "monitor.system_interval_s=0", f"run_dir={tmp_path / 'run'}"])
+    output_dir = tmp_path / "out"
+    first = hf_job.trainer(output_dir, callbacks=[SkyliftCallback(config, exit_on_stop=False)], max_steps=6,
+                           save_steps=4)
+    first.train()
+    final = verify_folder(output_dir / "checkpoint-6", 6)  # mid-epoch: 32 batches an epoch
+    capfd.readouterr()
+
+    callback = SkyliftCallback(config, exit_on_stop=False)
+    again = hf_job.trainer(output_dir, callbacks=[callback], max_steps=6, save_steps=4)
+    again.train(resume_from_checkpoint=resume_checkpoint(again))
+
+    said = capfd.readouterr().err
+    assert "skylift: nothing to train: this job finished (its newest complete checkpoint is at step 6, max_steps 6)" in said
+    assert callback.exit_code == 0 and again.state.global_step == 6
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert verify_folder(output_dir / "checkpoint-6", 6) == final  # not written again
+    saved = load_file(output_dir / "checkpoint-6" / "model.safetensors")
+    weights = again.model.state_dict()
+    assert all(weights[name].equal(saved[name]) for name in saved)  # what save_model() would write: the final model
+    assert len(records(tmp_path / "run", "run_start")) == 1

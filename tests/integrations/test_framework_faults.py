@@ -18,14 +18,18 @@ from skylift.integrations.run import ProcessGroupNotFormedError, check_process_g
 PROGRAMS = Path(__file__).parent / "programs"
 
 
-def _launch(cwd: Path, nproc: int, *command: str) -> subprocess.CompletedProcess:
+def _environment() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("SKYLIFT_") or key.startswith("SKYLIFT_NETGUARD_")}  # the guard stays
     # A dead loopback endpoint: no metadata service is polled off this machine.
     env.update(PYTHONUNBUFFERED="1", SKYLIFT_CLOUD="aws", SKYLIFT_METADATA_ENDPOINT="http://127.0.0.1:9")
+    return env
+
+
+def _launch(cwd: Path, nproc: int, *command: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "skylift", "launch", "--nproc", str(nproc), "--no-doctor", "--", "python", *command],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=cwd, env=_environment(), capture_output=True, text=True, timeout=300, check=False,
     )
 
 
@@ -106,3 +110,45 @@ def test_rerunning_a_finished_trainer_job_trains_nothing_writes_nothing_and_says
     weights = again.model.state_dict()
     assert all(weights[name].equal(saved[name]) for name in saved)  # what save_model() would write: the final model
     assert len(records(tmp_path / "run", "run_start")) == 1
+
+
+# -- Lightning's own ModelCheckpoint files ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_kill_9_of_a_lightning_job_resumes_from_the_file_its_model_checkpoint_wrote(tmp_path):
+    import signal
+    import time
+
+    from skylift.integrations.checkpoints import verify_folder
+    from tests.integrations.records import records
+
+    script = str(PROGRAMS / "lightning_model_checkpoint_job.py")
+    with (tmp_path / "first.log").open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "skylift", "launch", "--nproc", "1", "--no-doctor", "--", "python", script, "12",
+             "6"], cwd=tmp_path, env=_environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "hanging").exists():
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-4000:]
+            time.sleep(0.1)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the launcher and its worker: no handler runs
+        process.wait(30)
+    sealed = tmp_path / "runs" / "default" / "checkpoints" / "step-4"
+    assert verify_folder(sealed, 4).files.keys() == {"lightning.ckpt"}
+    assert (sealed / "lightning.ckpt").stat().st_ino == (
+        tmp_path / "lightning-checkpoints" / "epoch=0-step=4.ckpt").stat().st_ino  # linked, not copied
+
+    result = _launch(tmp_path, 1, script, "12")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "resuming from runs/default/checkpoints/step-4/lightning.ckpt" in output
+    assert "step=12" in result.stdout
+    starts = records(tmp_path / "runs" / "default", "run_start")
+    assert [(start["attempt"], start["resumed_from_step"]) for start in starts] == [(1, None), (2, 4)]
+    # ModelCheckpoint's later files are sealed as they are written (8, 12); keep=3 complete ones.
+    assert sorted(path.name for path in (tmp_path / "runs" / "default" / "checkpoints").iterdir()) == [
+        "step-12", "step-4", "step-8"]

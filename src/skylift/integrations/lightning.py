@@ -25,15 +25,21 @@ attribute Lightning's own ``ThroughputMonitor`` reads).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
+from skylift.checkpoint.manifest import MANIFEST
 from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
@@ -44,6 +50,8 @@ from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
 
 __all__ = ["CHECKPOINT_FILE", "PREFIX", "SkyliftCallback", "resume_checkpoint"]
+
+log = logging.getLogger("skylift")
 
 PREFIX = "step-"
 """skylift's Lightning checkpoint folders: ``CHECKPOINTS/step-<global step>``."""
@@ -95,6 +103,16 @@ class SkyliftCallback(pl.Callback):
                + '): with devices="auto" on the CPU (or fewer devices than processes) Lightning runs each launched '
                "process alone.")
         check_process_group("the Lightning Trainer", trainer.world_size, fix=fix)
+        strategy = trainer.strategy
+        if isinstance(strategy.checkpoint_io, AsyncCheckpointIO):
+            log.warning("Lightning writes checkpoints in the background (AsyncCheckpointIO): skylift seals only "
+                        "its own, not ModelCheckpoint's")
+        elif not isinstance(strategy.checkpoint_io, _SealingCheckpointIO):
+            strategy.checkpoint_io = _SealingCheckpointIO(strategy.checkpoint_io, self)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if isinstance(trainer.strategy.checkpoint_io, _SealingCheckpointIO):
+            trainer.strategy.checkpoint_io = trainer.strategy.checkpoint_io.inner
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         context = DistributedContext(rank=trainer.global_rank, world_size=trainer.world_size,
@@ -182,6 +200,32 @@ class SkyliftCallback(pl.Callback):
         self._last_saved_step = step
         self._last_save_s = time.monotonic()
 
+    def _adopt(self, written: Path, step: int) -> None:
+        """Rank 0, right after Lightning wrote a checkpoint of its own (a ``ModelCheckpoint``'s):
+        link it into ``step-N/`` and seal that folder, so a kill after this point resumes from it.
+
+        A hard link costs no copy and keeps these bytes even when ``ModelCheckpoint`` rotates
+        its file away (Lightning replaces files by rename, never in place); across file
+        systems it is a copy."""
+        run = self.run
+        if run is None or not run.context.is_main or _inside(written, self.checkpoints.directory):
+            return
+        folder = self.checkpoints.folder(step)
+        if (folder / MANIFEST).is_file():
+            return  # skylift saved this step itself (its hook runs before ModelCheckpoint's)
+        started_at_s = time.perf_counter()
+        unseal(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / CHECKPOINT_FILE
+        target.unlink(missing_ok=True)
+        try:
+            os.link(written, target)
+        except OSError:
+            shutil.copyfile(written, target)
+        if commit(run, self.checkpoints, step, started_at_s=started_at_s):
+            self.checkpoints.prune_local(step)
+        self._last_saved_step = step
+
     def _due(self, step: int) -> bool:
         every = self.config.checkpoint.every_steps
         return bool(every) and step % every == 0
@@ -237,6 +281,37 @@ def resume_checkpoint(where: pl.Trainer | SkyliftCallback | None = None, *,
         checkpoints = checkpoints_under(PREFIX, resolve_config(config, default_run_dir=None))
     folder = newest_complete(checkpoints, wait_s=wait_s)
     return str(folder / CHECKPOINT_FILE) if folder is not None else None
+
+
+class _SealingCheckpointIO(CheckpointIO):
+    """Lightning's checkpoint writer as it was, and after each full checkpoint it writes outside
+    skylift's folders (a ``ModelCheckpoint``'s), that checkpoint sealed as ``step-N/``.
+
+    Lightning calls it on global rank 0 only, and its other ranks wait at a barrier after the
+    save. A weights-only checkpoint is left alone: ``fit`` cannot resume from it."""
+
+    def __init__(self, inner: CheckpointIO, callback: SkyliftCallback) -> None:
+        self.inner = inner
+        self.callback = callback
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        written = Path(os.fspath(path))
+        if "optimizer_states" in checkpoint and "loops" in checkpoint and written.is_file():
+            self.callback._adopt(written, int(checkpoint["global_step"]))
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.inner.load_checkpoint(*args, **kwargs)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path.resolve().is_relative_to(directory.resolve())
 
 
 def _backend() -> str | None:

@@ -152,3 +152,33 @@ def test_a_kill_9_of_a_lightning_job_resumes_from_the_file_its_model_checkpoint_
     # ModelCheckpoint's later files are sealed as they are written (8, 12); keep=3 complete ones.
     assert sorted(path.name for path in (tmp_path / "runs" / "default" / "checkpoints").iterdir()) == [
         "step-12", "step-4", "step-8"]
+
+
+# -- the loss skylift records --------------------------------------------------------------
+
+
+def _logged_and_recorded(output_dir: Path) -> list[tuple[float, float]]:
+    import json
+
+    from tests.integrations.records import losses_by_step
+
+    state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
+    logged = {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+    recorded = losses_by_step(output_dir)
+    assert sorted(recorded) == sorted(logged) == [1, 2]
+    return [(logged[step], recorded[step]) for step in (1, 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_recorded_loss_is_per_sample_on_two_processes_whichever_way_the_model_divides(tmp_path):
+    """BERT's head takes the Trainer's item count in **kwargs but computes its own mean: the
+    Trainer logs it times the 2 processes. A Llama's loss divides by the count: the Trainer's
+    figure is already per sample. An untrained head over 2 labels loses about ln 2 per sample."""
+    for kind in ("bert", "llama"):
+        result = _launch(tmp_path, 2, str(PROGRAMS / "loss_scale_job.py"), kind, kind)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    for logged, recorded in _logged_and_recorded(tmp_path / "bert"):
+        assert recorded == logged / 2 and 0.6 < recorded < 0.8, (logged, recorded)
+    for logged, recorded in _logged_and_recorded(tmp_path / "llama"):
+        assert recorded == logged and 3.5 < recorded < 4.8, (logged, recorded)  # ln 64 = 4.16

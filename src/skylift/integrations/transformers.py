@@ -40,6 +40,7 @@ from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK, SkyliftConfigError
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
 from skylift.integrations.commit import checkpoints_beside, commit, newest_complete
+from skylift.integrations.hf_loss import PerSampleLoss
 from skylift.integrations.run import BatchCount, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
@@ -80,6 +81,8 @@ class SkyliftCallback(TrainerCallback):
         self._batches: BatchCount | None = None
         self._save_started_s = time.perf_counter()
         self._finished_at: int | None = None
+        self._loss: PerSampleLoss | None = None
+        self._last_logged_step = 0
         """The step of a finished job this rerun resumed at (``max_steps``): the rerun trains nothing."""
 
     @property
@@ -105,6 +108,10 @@ class SkyliftCallback(TrainerCallback):
                                  global_batch_size=self._batches.global_batch, step=state.global_step,
                                  epoch=_epoch(state.epoch), samples_seen=self._batches.samples_at(state.global_step))
         self.run.start(train_state, resumed_from_step=state.global_step or None)
+        self._last_logged_step = state.global_step
+        if kwargs.get("model") is not None:
+            self._loss = PerSampleLoss(kwargs["model"], processes=args.world_size,
+                                       averaged_across_processes=getattr(args, "average_tokens_across_devices", False))
         return control
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -164,7 +171,11 @@ class SkyliftCallback(TrainerCallback):
         if "loss" in numbers:
             scalars = {name: value for name, value in numbers.items()
                        if name not in _LOGGED_BY_NAME and name not in RESERVED_TRAIN_FIELDS}  # fmt: skip
-            run.log_train(state.global_step, loss=numbers["loss"], lr=numbers.get("learning_rate", 0.0),
+            loss = numbers["loss"]
+            if self._loss is not None:  # the Trainer's figure can be processes x accumulation too large
+                loss = self._loss.per_sample(loss, state.global_step - self._last_logged_step)
+            self._last_logged_step = state.global_step
+            run.log_train(state.global_step, loss=loss, lr=numbers.get("learning_rate", 0.0),
                           grad_norm=numbers.get("grad_norm"), scalars=scalars, flops_so_far=state.total_flos)
         elif any(name.startswith("eval_") for name in numbers):
             run.log_eval(state.global_step, {name: value for name, value in numbers.items() if name != "epoch"})
@@ -173,6 +184,8 @@ class SkyliftCallback(TrainerCallback):
         if self._finished_at is not None:
             self.exit_code = EXIT_OK
             return
+        if self._loss is not None:
+            self._loss.close()
         run = self._require_run()
         self.exit_code = run.finish()
         if self.exit_code != EXIT_OK and self.exit_on_stop:

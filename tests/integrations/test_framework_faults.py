@@ -109,7 +109,10 @@ def test_rerunning_a_finished_trainer_job_trains_nothing_writes_nothing_and_says
     saved = load_file(output_dir / "checkpoint-6" / "model.safetensors")
     weights = again.model.state_dict()
     assert all(weights[name].equal(saved[name]) for name in saved)  # what save_model() would write: the final model
-    assert len(records(tmp_path / "run", "run_start")) == 1
+    [start] = records(tmp_path / "run", "run_start")
+    # As the Trainer ran it: 8 samples a device a step (skylift's default would say 64 / 1).
+    assert (start["micro_batch_size"], start["accumulation_steps"], start["data_num_workers"]) == (8, 1, 0)
+    _assert_config_describes("Hugging Face Trainer", tmp_path / "run", "per_device_batch_size: 8", "max_steps: 6")
 
 
 # -- Lightning's own ModelCheckpoint files ---------------------------------------------------
@@ -182,3 +185,32 @@ def test_the_recorded_loss_is_per_sample_on_two_processes_whichever_way_the_mode
         assert recorded == logged / 2 and 0.6 < recorded < 0.8, (logged, recorded)
     for logged, recorded in _logged_and_recorded(tmp_path / "llama"):
         assert recorded == logged and 3.5 < recorded < 4.8, (logged, recorded)  # ln 64 = 4.16
+
+
+# -- run records as the framework ran the job -------------------------------------------------
+
+
+def _assert_config_describes(framework: str, run_dir: Path, *lines: str) -> None:
+    import yaml
+
+    text = (run_dir / "config.yaml").read_text()
+    assert text.startswith(f"# A {framework} job: the framework's own arguments describe its model, data and training")
+    assert all(f"#   {line}" in text.splitlines() for line in lines), text
+    # Only what skylift applied: no recipe, data, model or optimizer defaults posing as the job's.
+    assert list(yaml.safe_load(text)) == ["run_dir", "preemption", "monitor", "checkpoint"]
+
+
+def test_lightning_run_records_state_its_per_device_batch_and_config_yaml_only_what_skylift_applied(tmp_path):
+    from skylift.config.load import load_config
+    from skylift.integrations.lightning import SkyliftCallback
+    from examples.integrations import lightning_job
+    from tests.integrations.records import records
+
+    config = load_config(None, ["preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false",
+                                "monitor.system_interval_s=0", f"run_dir={tmp_path}"])
+    callback = SkyliftCallback(config, exit_on_stop=False)
+    lightning_job.trainer([callback], max_steps=2).fit(lightning_job.Classifier(), lightning_job.loader())
+    [start] = records(tmp_path, "run_start")
+    assert (start["micro_batch_size"], start["accumulation_steps"]) == (lightning_job.BATCH, 1)
+    _assert_config_describes("Lightning Trainer", tmp_path, f"per_device_batch_size: {lightning_job.BATCH}",
+                             "max_steps: 2", "strategy: SingleDeviceStrategy")

@@ -44,7 +44,7 @@ from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
 from skylift.integrations.commit import checkpoints_under, commit, newest_complete
-from skylift.integrations.run import BatchCount, ScriptRun, check_process_group, resolve_config
+from skylift.integrations.run import BatchCount, FrameworkJob, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
@@ -118,9 +118,14 @@ class SkyliftCallback(pl.Callback):
         context = DistributedContext(rank=trainer.global_rank, world_size=trainer.world_size,
                                      local_rank=trainer.local_rank, device=pl_module.device, backend=_backend())
         accumulation = trainer.accumulate_grad_batches
-        self.run = ScriptRun(self.config, context, precision=_precision(str(trainer.precision)),
-                             micro_steps=accumulation)
         loader = trainer.train_dataloader
+        job = FrameworkJob("Lightning Trainer", getattr(loader, "batch_size", None),
+                           data_num_workers=getattr(loader, "num_workers", 0) or 0,
+                           settings={"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs,
+                                     "accumulate_grad_batches": accumulation, "precision": str(trainer.precision),
+                                     "strategy": type(trainer.strategy).__name__})
+        self.run = ScriptRun(self.config, context, precision=_precision(str(trainer.precision)),
+                             micro_steps=accumulation, job=job)
         self._batches = BatchCount.of(loader, per_rank_batch=getattr(loader, "batch_size", None) or 1,
                                       world_size=trainer.world_size, accumulation=accumulation)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else (

@@ -23,11 +23,13 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
@@ -38,7 +40,7 @@ from skylift.loop.distributed import DistributedContext, exit_cleanly
 from skylift.loop.events import TrainState
 from skylift.train.services import RunServices
 
-__all__ = ["BatchCount", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group", "exit_code_for", "resolve_config"]
+__all__ = ["BatchCount", "FrameworkJob", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group", "exit_code_for", "resolve_config"]
 
 log = logging.getLogger("skylift")
 
@@ -104,6 +106,29 @@ def check_process_group(framework: str, framework_world_size: int, *, fix: str,
     )
 
 
+@dataclass(frozen=True)
+class FrameworkJob:
+    """The job as the framework runs it, for the run records (not skylift's ``data`` defaults).
+
+    Args:
+        framework: its name, as the records say it (``Hugging Face Trainer``).
+        per_device_batch_size: samples per process per forward pass (``run_start.micro_batch_size``).
+        data_num_workers: the training loader's worker processes.
+        compile_enabled: whether the framework compiles the model.
+        settings: the framework's own arguments worth reading beside the records.
+    """
+
+    framework: str
+    per_device_batch_size: int | None
+    data_num_workers: int = 0
+    compile_enabled: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+_APPLIED_SECTIONS = ("run_dir", "preemption", "monitor", "checkpoint")
+"""The parts of a run configuration that a framework job's callback applies."""
+
+
 def exit_code_for(stopped: str | None) -> int:
     """143 after a preemption, 3 after a guard's stop, 1 after another stop (a failed save), else 0
     (:class:`StopReason`'s mapping)."""
@@ -118,14 +143,23 @@ class ScriptRun:
         context: where this process sits in the job.
         precision: ``fp32``, ``tf32``, ``fp16`` or ``bf16`` (the peak FLOP/s MFU divides by).
         micro_steps: forward passes per optimizer step.
+        job: the job as the framework runs it (its batch, loader, compile), for ``run_start``
+            and the run folder's ``config.yaml``.
     """
 
-    def __init__(self, config: RunConfig, context: DistributedContext, *, precision: str, micro_steps: int) -> None:
+    def __init__(self, config: RunConfig, context: DistributedContext, *, precision: str, micro_steps: int,
+                 job: FrameworkJob | None = None) -> None:
         self.config = config
         self.context = context
+        self.job = job
         services_config = config.model_copy(deep=True)
         services_config.checkpoint.enabled = False  # the framework writes its own
         services_config.monitor.progress_bar = False  # and draws its own progress
+        if job is not None:  # run_start describes the framework's batch, loader and compile, not skylift's defaults
+            if job.per_device_batch_size:
+                services_config.data.global_batch_size = job.per_device_batch_size * context.world_size * micro_steps
+            services_config.data.num_workers = job.data_num_workers
+            services_config.compile.enabled = job.compile_enabled
         self.services = RunServices(services_config, context, device=context.device, precision=precision,
                                     ddp_module=lambda: None, micro_steps=micro_steps)
         # Barriers of the commit rule run on their own gloo group, off the framework's (NCCL) traffic.
@@ -148,6 +182,7 @@ class ScriptRun:
         self.state = state
         self.services.resumed_from_step = resumed_from_step
         self.services.resume(None, state)
+        self._write_config()
         self._started_at = time.perf_counter()
         self._interval.reset()
 
@@ -300,6 +335,28 @@ class ScriptRun:
         launcher kill a peer still committing its checkpoint)."""
         self.barrier()
         exit_cleanly(code)
+
+    def _write_config(self) -> None:
+        """Rank 0: the run folder's ``config.yaml`` holds the sections skylift applied, under a
+        header saying which framework ran the job and how; skylift's model, data and
+        training defaults, which describe nothing here, are left out."""
+        if self.job is None or not self.context.is_main:
+            return
+        from skylift.cloud.redact import redact_config
+
+        resolved = redact_config(self.config.model_dump(mode="json"))
+        applied = {key: resolved[key] for key in _APPLIED_SECTIONS if key in resolved}
+        job = self.job
+        described = {"framework": job.framework, "world_size": self.context.world_size,
+                     "per_device_batch_size": job.per_device_batch_size, "data_num_workers": job.data_num_workers,
+                     "compile": job.compile_enabled, **job.settings}
+        header = [f"# A {job.framework} job: the framework's own arguments describe its model, data and training;",
+                  "# skylift applied only the sections below (skylift's other settings do not describe this job).",
+                  "# The job as the framework ran it:",
+                  *(f"#   {line}" for line in yaml.safe_dump(described, sort_keys=False).splitlines())]
+        run_dir = self.services.run_dir
+        run_dir.write_text_atomic(run_dir.config_path,
+                                  "\n".join(header) + "\n" + yaml.safe_dump(applied, sort_keys=False))
 
     def _say_where_it_ended(self, report: Any) -> None:
         run_dir = self.services.run_dir.root

@@ -41,7 +41,7 @@ from skylift.errors import EXIT_OK, SkyliftConfigError
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
 from skylift.integrations.commit import checkpoints_beside, commit, newest_complete
 from skylift.integrations.hf_loss import PerSampleLoss
-from skylift.integrations.run import BatchCount, ScriptRun, check_process_group, resolve_config
+from skylift.integrations.run import BatchCount, FrameworkJob, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
@@ -102,7 +102,7 @@ class SkyliftCallback(TrainerCallback):
         self._batches = BatchCount.of(kwargs.get("train_dataloader"), per_rank_batch=args.per_device_train_batch_size,
                                        world_size=args.world_size, accumulation=args.gradient_accumulation_steps)
         self.run = ScriptRun(config, _context(args), precision=_precision(args),
-                             micro_steps=args.gradient_accumulation_steps)
+                             micro_steps=args.gradient_accumulation_steps, job=_job(args, state))
         steps_per_epoch = self._batches.steps_per_epoch
         train_state = TrainState(total_steps=state.max_steps, steps_per_epoch=steps_per_epoch,
                                  global_batch_size=self._batches.global_batch, step=state.global_step,
@@ -253,6 +253,15 @@ def _check_arguments(args: Any) -> None:
             "the new one, so a save cut short would leave none complete",
             hint="Set save_total_limit=2 or more (or leave it None).",
         )
+
+
+def _job(args: Any, state: Any) -> FrameworkJob:
+    settings = {"max_steps": state.max_steps, "num_train_epochs": args.num_train_epochs,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps, "learning_rate": args.learning_rate,
+                "output_dir": str(args.output_dir)}
+    return FrameworkJob("Hugging Face Trainer", args.per_device_train_batch_size,
+                        data_num_workers=args.dataloader_num_workers, compile_enabled=bool(args.torch_compile),
+                        settings=settings)
 
 
 def _group_fix(args: Any) -> str:

@@ -137,6 +137,12 @@ def test_a_kill_9_of_a_lightning_job_resumes_from_the_file_its_model_checkpoint_
         while not (tmp_path / "hanging").exists():
             assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-4000:]
             time.sleep(0.1)
+        # A second job on the same folder while the first one lives: refused in one line, before a step.
+        second = _launch(tmp_path, 1, script, "12")
+        assert second.returncode != 0, (second.stdout + second.stderr)[-4000:]
+        [refusal] = _error_lines(second) or [(second.stdout + second.stderr)[-4000:]]
+        assert "run owned by job lightning-" in refusal and "another job is writing these checkpoints" in refusal
+        assert "Traceback" not in second.stdout + second.stderr and "step=" not in second.stdout
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the launcher and its worker: no handler runs
         process.wait(30)
@@ -214,3 +220,37 @@ def test_lightning_run_records_state_its_per_device_batch_and_config_yaml_only_w
     assert (start["micro_batch_size"], start["accumulation_steps"]) == (lightning_job.BATCH, 1)
     _assert_config_describes("Lightning Trainer", tmp_path, f"per_device_batch_size: {lightning_job.BATCH}",
                              "max_steps: 2", "strategy: SingleDeviceStrategy")
+
+
+# -- the run lease ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_trainer_job_is_refused_while_another_live_job_holds_its_checkpoint_folder(tmp_path):
+    from skylift.checkpoint.lease import LeaseHeldError, RunLease
+    from skylift.config.load import load_config
+    from skylift.integrations.transformers import SkyliftCallback
+    from skylift.storage.local import LocalStore
+    from examples.integrations import hf_job
+
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    other = RunLease(LocalStore(output_dir), job_id="the-other-job")
+    other.acquire()  # this process is alive: the lease is live
+    try:
+        config = load_config(None, ["preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false",
+                                    "monitor.system_interval_s=0", f"run_dir={tmp_path / 'run'}"])
+        trainer = hf_job.trainer(output_dir, callbacks=[SkyliftCallback(config, exit_on_stop=False)], max_steps=2)
+        with pytest.raises(LeaseHeldError, match="run owned by job the-other-job on .*another job is writing"):
+            trainer.train()
+        assert trainer.state.global_step == 0 and not list(output_dir.glob("checkpoint-*"))
+    finally:
+        other.release()
+    # Once it is released the job runs, and releases the lease in turn.
+    trainer = hf_job.trainer(output_dir, callbacks=[SkyliftCallback(config, exit_on_stop=False)], max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    from skylift.checkpoint.lease import current_holder
+
+    holder = current_holder(LocalStore(output_dir))
+    assert holder["released"] is True and holder["job_id"].startswith("trainer-")

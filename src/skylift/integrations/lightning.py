@@ -43,7 +43,7 @@ from skylift.checkpoint.manifest import MANIFEST
 from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
-from skylift.integrations.commit import checkpoints_under, commit, newest_complete
+from skylift.integrations.commit import checkpoints_under, commit, lease_root, newest_complete
 from skylift.integrations.run import BatchCount, FrameworkJob, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
@@ -126,6 +126,8 @@ class SkyliftCallback(pl.Callback):
                                      "strategy": type(trainer.strategy).__name__})
         self.run = ScriptRun(self.config, context, precision=_precision(str(trainer.precision)),
                              micro_steps=accumulation, job=job)
+        self.run.take_lease(lease_root(self.checkpoints, self.config, default=Path(self.config.run_dir)),
+                           job_name="lightning")
         self._batches = BatchCount.of(loader, per_rank_batch=getattr(loader, "batch_size", None) or 1,
                                       world_size=trainer.world_size, accumulation=accumulation)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else (

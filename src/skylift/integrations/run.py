@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from skylift.checkpoint.lease import LeaseHeldError, RunLease
 from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
@@ -38,6 +40,7 @@ from skylift.errors import SkyliftError
 from skylift.loop.agreement import StopReason
 from skylift.loop.distributed import DistributedContext, exit_cleanly
 from skylift.loop.events import TrainState
+from skylift.storage import Store
 from skylift.train.services import RunServices
 
 __all__ = ["BatchCount", "FrameworkJob", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group", "exit_code_for", "resolve_config"]
@@ -174,8 +177,34 @@ class ScriptRun:
         self._interval = _Interval()
         self._step_started_s: float | None = None
         self._finished = False
+        self._lease: RunLease | None = None
 
     # -- the loop -------------------------------------------------------------------
+
+    def take_lease(self, root: Store, *, job_name: str) -> None:
+        """Hold the run lease of ``root`` (where the framework's checkpoints go) for this attempt.
+
+        Rank 0 takes it (or joins the one ``skylift launch --checkpoint-root`` holds for its
+        workers) and heartbeats it until :meth:`finish`; every rank learns the outcome.
+
+        Raises:
+            LeaseHeldError: another live job holds it (every rank; the shim prints rank 0's one line).
+        """
+        refusal = None
+        if self.context.is_main:
+            lease = RunLease(root, ttl_s=self.config.checkpoint.lease_ttl_s, job_id=f"{job_name}-{uuid.uuid4().hex[:8]}")
+            try:
+                lease.acquire()
+                self._lease = lease
+            except LeaseHeldError as held:
+                refusal = f"{held} (another job is writing these checkpoints)"
+        if self._group is not None:
+            holder = [refusal]
+            dist.broadcast_object_list(holder, src=0, group=self._group)
+            refusal = holder[0]
+        if refusal:
+            self.close()
+            raise LeaseHeldError(refusal)
 
     def start(self, state: TrainState, *, resumed_from_step: int | None) -> None:
         """Refuse a resume past the budget, write ``run_start``, start the watchers (every rank)."""
@@ -324,11 +353,18 @@ class ScriptRun:
                 self._say_where_it_ended(report)
         finally:
             self.services.close()
+            self._release_lease()
         return exit_code_for(self.stopped)
 
     def close(self) -> None:
         """Stop every background thread (after a failure; :meth:`finish` does it otherwise)."""
         self.services.close()
+        self._release_lease()
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def exit(self, code: int) -> None:
         """End the process with ``code`` once every rank got here (so no rank's exit makes the

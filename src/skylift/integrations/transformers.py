@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK, SkyliftConfigError
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
-from skylift.integrations.commit import checkpoints_beside, commit, newest_complete
+from skylift.integrations.commit import checkpoints_beside, commit, lease_root, newest_complete
 from skylift.integrations.hf_loss import PerSampleLoss
 from skylift.integrations.run import BatchCount, FrameworkJob, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
@@ -103,6 +103,7 @@ class SkyliftCallback(TrainerCallback):
                                        world_size=args.world_size, accumulation=args.gradient_accumulation_steps)
         self.run = ScriptRun(config, _context(args), precision=_precision(args),
                              micro_steps=args.gradient_accumulation_steps, job=_job(args, state))
+        self.run.take_lease(lease_root(self.checkpoints, config), job_name="trainer")
         steps_per_epoch = self._batches.steps_per_epoch
         train_state = TrainState(total_steps=state.max_steps, steps_per_epoch=steps_per_epoch,
                                  global_batch_size=self._batches.global_batch, step=state.global_step,

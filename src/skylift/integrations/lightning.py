@@ -16,6 +16,10 @@ exception instead of a checkpoint). On a notice all ranks stop at the same step:
 ``checkpoint`` section's cadence (``every_steps``, ``every_minutes``, ``save_at_end``),
 keeping ``checkpoint.keep`` of them. :func:`resume_checkpoint` returns the newest
 complete one for ``ckpt_path=`` (torn ones skipped, a newer mirrored one restored).
+Every full checkpoint Lightning writes elsewhere (a ``ModelCheckpoint``'s) is
+hard-linked into ``step-N/`` and sealed as it is written, so resume uses it too. The
+callback refuses a launch Lightning did not join into one process group
+(``devices="auto"`` on the CPU under ``skylift launch --nproc 2``) and holds the run lease.
 
 Metrics: the training loss of every step (averaged over ranks) and the scalars in
 ``trainer.callback_metrics``, with the system sampler, step breakdown, cost ledger,

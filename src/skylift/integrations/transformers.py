@@ -23,6 +23,9 @@ records ``skylift report`` and ``skylift monitor`` read) with the system sampler
 step breakdown from the Trainer's hooks, MFU from the Trainer's own FLOP count, the
 cost ledger, the guards and the exporters, all as the ``monitor`` section says. The
 run folder is ``SKYLIFT_RUN_DIR``, else the config's ``run_dir``, else ``output_dir``.
+The loss recorded is per sample (:mod:`skylift.integrations.hf_loss`). The callback
+refuses a launch the Trainer did not join into one process group, holds the run lease,
+and makes a rerun of a finished job train nothing.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c requirements/constraints.txt
 DEPS := pyproject.toml requirements/constraints.txt
 
-.PHONY: demo test test-all test-loaded test-skypilot bench install clean docs
+.PHONY: demo test test-all test-loaded test-skypilot bench install clean docs lint
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(VENV)/.installed-base: $(PY) $(DEPS)
 
 $(VENV)/.installed-test: $(VENV)/.installed-base $(DEPS)
 	$(PIP) -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-lint: $(VENV)/.installed-test $(DEPS)
+	$(PIP) -e '.[test,lint]'
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed-base $(DEPS)
@@ -79,9 +83,15 @@ test-skypilot: $(SKY_VENV)/.installed
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.trainer_overhead
 
+# ruff on the code, the tests and the benchmarks, then mypy on src/ (both configured in
+# pyproject.toml). mypy reads the installed packages' types, so it runs in the test environment.
+lint: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
+
 # The documentation site into site/; --strict: a broken link or a missing page fails.
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SKY_VENV) runs .pytest_cache .mypy_cache .ruff_cache

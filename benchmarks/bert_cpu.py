@@ -204,7 +204,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         saved[arm] = saved_activation_bytes(model, batches[0])
         print(f"  {arm:<3}: saved for backward {saved[arm]['bytes'] / 2**20:8.1f} MiB in {saved[arm]['storages']} "
               f"storages ({saved[arm]['saved_tensors']} saved tensors)")  # fmt: skip
-    for arm, (model, optimizer) in arms.items():
+    for model, optimizer in arms.values():
         for index in range(warm):
             train_step(model, optimizer, batches[1 + index])
     runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}

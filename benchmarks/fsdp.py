@@ -233,7 +233,7 @@ def run_strategy(strategy: str, workload: Workload) -> dict[str, Any]:
         # the step costs, less the time other processes on this machine took the cores.
         "step_cpu_s": round(statistics.median(cpu for rank in ranks for cpu in rank["step_cpu_s"]), 4),
         "checkpoint": [{"step": save["step"], "committed": save["committed"], "stall_s": round(save["stall_s"], 4),
-                        "write_s": round(save["write_s"], 4)} for save in saves],  # fmt: skip
+                        "write_s": round(save["write_s"], 4)} for save in saves],
         "checkpoint_layout": layout, "malloc_mmap_threshold": os.environ["MALLOC_MMAP_THRESHOLD_"],
         "wall_s": round(wall_s, 1),
     }

@@ -570,7 +570,7 @@ def section_resnet_jpeg(args: argparse.Namespace, deadline: Deadline) -> dict[st
     rows = result["contenders"]
     reference = median(rows.get("synthetic", {}).get("all_images_per_s", []))
     known = not math.isnan(reference)
-    for name, row in rows.items():
+    for row in rows.values():
         row["images_per_s"] = round(median(row["all_images_per_s"]), 1)
         row["ratio_to_synthetic"] = round(row["images_per_s"] / reference, 4) if known else None
     gpu_rows = [rows[name]["images_per_s"] for name in ("gpu_decode", "gpu_decode_prefetch") if name in rows]
@@ -643,7 +643,7 @@ def section_bert(args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]
     # (a) fixed 128 vs token budget, one model
     model, optimizer = build(False)
     arms = {"fixed": fixed, "token_budget": budgeted}
-    cursor = {arm: 0 for arm in arms}
+    cursor = dict.fromkeys(arms, 0)
     tallies: dict[str, dict[str, list[float]]] = {arm: {"sequences_per_s": [], "real_tokens_per_s": []} for arm in arms}
     totals = {arm: [0, 0] for arm in arms}  # real, padded tokens of the timed batches
 

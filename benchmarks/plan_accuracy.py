@@ -53,12 +53,12 @@ REPEATS = 3
 """Bench runs per measurement, each in fresh processes; rows report the median and range."""
 
 NOTES = [
-    "Wall times, and so samples/s, vary with whatever else runs on the machine: others' CPU share is "
-    "recorded per run, and the last note says how much it was.",
-    "Each figure is the median of REPEATS fresh-process benches with its min-max range; a predicted range "
-    "comes from predicting once from each repeat of the source measurement.",
-    "compute_source says whether the prediction's forward/backward point was timed by the source bench's "
-    "probe (probed), assembled from probed micro-batch and thread curves (probed curves), or extrapolated.",
+    ("Wall times, and so samples/s, vary with whatever else runs on the machine: others' CPU share is "
+     "recorded per run, and the last note says how much it was."),
+    ("Each figure is the median of REPEATS fresh-process benches with its min-max range; a predicted range "
+     "comes from predicting once from each repeat of the source measurement."),
+    ("compute_source says whether the prediction's forward/backward point was timed by the source bench's "
+     "probe (probed), assembled from probed micro-batch and thread curves (probed curves), or extrapolated."),
 ]
 
 
@@ -156,8 +156,8 @@ def _spread(values: list[float]) -> dict:
 
 def render(rows: list[dict]) -> str:
     """A Markdown table of the rows."""
-    lines = ["| workload | change | compute | predicted samples/s (min-max) | measured samples/s (min-max) "
-             "| error (range) |", "|---|---|---|---:|---:|---:|"]  # fmt: skip
+    lines = [("| workload | change | compute | predicted samples/s (min-max) | measured samples/s (min-max) "
+              "| error (range) |"), "|---|---|---|---:|---:|---:|"]  # fmt: skip
     for row in rows:
         mark = "" if row["within_target"] else " (miss)"
         low, high = row["error_range"]

@@ -114,7 +114,7 @@ def plan_prediction(measurement: Measurement, row: PublishedRow) -> tuple[float,
     return row.batch_per_gpu / step_s, prediction.parts_s["input"]
 
 
-def _errors(rows: list[PublishedRow], model_for) -> dict[str, float | None]:  # noqa: ANN001
+def _errors(rows: list[PublishedRow], model_for) -> dict[str, float | None]:
     out = {}
     for row in rows:
         predicted = predict_row(row, model_for(row))
@@ -157,7 +157,7 @@ def run(folder: Path, both_formats: bool = False) -> dict:
     for row in calibrated:
         measurement = _measurement_for(measured, row)
         planned = plan_prediction(measurement, row) if measurement is not None else None
-        plan, input_s = planned if planned else (None, None)
+        plan, input_s = planned or (None, None)
         table.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "precision": row.precision,
                       "memory_format": row.memory_format or "-", "batch_per_gpu": row.batch_per_gpu,
                       "published_per_gpu": round(row.per_gpu, 2), "plan_per_gpu": plan and round(plan, 2),
@@ -215,7 +215,7 @@ def print_report(result: dict) -> None:
     for name, summary in result["summary"].items():
         console.print(f"{name}: mean |error| {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
                       f"{summary['rows_within_20pct']}/{summary['rows']} rows within 20%")  # fmt: skip
-    for kind, text in result["factors"].items():
+    for _kind, text in result["factors"].items():
         console.print(f"factors {text}")
     busy = result["busy_laptop"]
     console.print(f"busy laptop: {busy['row']} predicted {busy['predicted_per_gpu']:.2f}/s from the bench, "

@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11's; this stays an annotation
 
 __all__ = ["ThreadCpu", "group_of"]
 
@@ -56,7 +60,7 @@ class ThreadCpu:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=_SAMPLER_NAME, daemon=True)
 
-    def __enter__(self) -> ThreadCpu:
+    def __enter__(self) -> Self:
         if self.available:
             self._sample()
             self._baseline = dict(self._last)

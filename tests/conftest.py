@@ -33,7 +33,7 @@ os.environ["SKYLIFT_NETGUARD_LOG"] = str(NETGUARD_LOG)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(NETGUARD_LOG.parent / f"{NETGUARD_LOG.name}-inductor")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, str(NETGUARD_DIR))
-import skylift_netguard  # noqa: E402 - after sys.path names its folder
+import skylift_netguard
 
 # An xdist worker starts with the controller's PYTHONPATH, so sitecustomize installed the guard
 # before this file ran, writing to the controller's folder, which no test reads: point it here.

@@ -6,6 +6,7 @@ descendants are remembered while they run and killed one by one at the end, even
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -41,14 +42,10 @@ class ProcessFamily:
         """SIGKILL the process's session and every descendant ever seen (idempotent)."""
         if self.popen.poll() is None:
             self.remember_family()
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for process in self.family.values():
-            try:
+            with contextlib.suppress(psutil.Error):
                 process.kill()  # psutil refuses a pid that now belongs to another process
-            except psutil.Error:
-                pass
         self.popen.wait(30)
         psutil.wait_procs(list(self.family.values()), timeout=30)

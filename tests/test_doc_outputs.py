@@ -11,7 +11,7 @@ PACKAGES = {path.name for path in (ROOT / "src" / "skylift").iterdir() if (path 
 
 
 def _pipeline(text: str) -> str:
-    return re.search(r"## The pipeline\n.*?```text\n(.*?)```", text, re.S).group(1)
+    return re.search(r"## The pipeline\n.*?```text\n(.*?)```", text, re.DOTALL).group(1)
 
 
 def test_the_pipeline_names_packages_and_readme_and_index_agree():
@@ -30,7 +30,7 @@ def test_the_catalog_example_is_what_the_catalog_prints(capsys):
     from skylift.cli.main import main
 
     page = (ROOT / "docs" / "plan.md").read_text(encoding="utf-8")
-    shown = re.search(r"```\n\$ skylift catalog --gpu T4\n(.*?)```", page, re.S).group(1)
+    shown = re.search(r"```\n\$ skylift catalog --gpu T4\n(.*?)```", page, re.DOTALL).group(1)
     assert main(["catalog", "--gpu", "T4"]) == 0
     assert capsys.readouterr().out == shown
 

@@ -129,7 +129,7 @@ def test_a_child_process_is_guarded_and_its_refusals_are_recorded(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     for name, outcome in report["outcomes"].items():
         # boto3 wraps the refusal in its own EndpointConnectionError: the log below holds it.
-        assert "would leave 127.0.0.0/8" in outcome or name == "boto3" and "EndpointConnectionError" in outcome
+        assert "would leave 127.0.0.0/8" in outcome or (name == "boto3" and "EndpointConnectionError" in outcome)
     assert "connect" not in report["recorded"]  # only numeric look-ups reached the stand-ins
     logged = "".join(path.read_text() for path in tmp_path.glob("*.log"))
     assert "203.0.113.7" in logged and "169.254.169.254" in logged and "sts.us-east-1.amazonaws.com" in logged

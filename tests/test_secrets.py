@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from skylift.cloud.redact import REDACTED, redact, redact_config
-from tests.conftest import REPO_ROOT
 
 ENV_SECRET = "sk-test-123"  # under a neutral name: no name rule can catch it
 URL_PASSWORD = "pa55word"

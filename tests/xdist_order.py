@@ -40,7 +40,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+def pytest_configure_node(node) -> None:
     if _created:
         node.workerinput[_FOLDER_KEY] = _created[-1]
 

@@ -12,7 +12,7 @@ __all__ = ["setup_logging"]
 def setup_logging(level: str | None = None) -> None:
     """Rank 0 logs at ``level`` (default: ``SKYLIFT_LOG_LEVEL`` or INFO), other ranks at WARNING."""
     level = level or os.environ.get("SKYLIFT_LOG_LEVEL", "INFO").upper()
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     logger = logging.getLogger("skylift")
     logger.handlers.clear()
     handler = logging.StreamHandler(sys.stderr)

@@ -68,7 +68,7 @@ class Attempt:
             result = self.try_save(step)
             assert result is not None and result.committed, result and result.error
 
-    def try_save(self, step: int):  # noqa: ANN201 - a SaveResult or None
+    def try_save(self, step: int):
         """One save at ``step`` (weights marking it), whatever comes of it."""
         with torch.no_grad():
             self.model.weight.fill_(float(step))

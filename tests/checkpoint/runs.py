@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy
@@ -143,7 +143,7 @@ class Background:
     def __init__(self, command: list[str], *, env: dict[str, str], timeout_s: float = 300) -> None:
         self.command, self.timeout_s = command, timeout_s
         # Files, not pipes: a full pipe would stall the run while nobody reads it.
-        self._stdout, self._stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self._stdout, self._stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # noqa: SIM115 - the run's own
         self.popen = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=self._stdout, stderr=self._stderr,
                                       text=True)
 
@@ -172,10 +172,8 @@ class Background:
             family = psutil.Process(self.popen.pid).children(recursive=True)
             self.popen.kill()
             for process in family:
-                try:
+                with suppress(psutil.Error):
                     process.kill()
-                except psutil.Error:
-                    pass
             self.popen.wait()
             psutil.wait_procs(family, timeout=30)
         self._stdout.close()

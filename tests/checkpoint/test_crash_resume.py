@@ -37,7 +37,7 @@ KILLED = -9
 def _kill_plan(seed: int) -> list[str]:
     """Five kill points in increasing steps: inside training steps and inside saves."""
     rng = random.Random(seed)
-    saves = [step for step in range(7, 57, 7)]
+    saves = list(range(7, 57, 7))
     phases = ["step_end", "during_payload", "after_payload", "after_manifest", "step_end"]
     plan, floor = [], 1
     for phase in phases:
@@ -113,11 +113,11 @@ def test_corrupt_newest_checkpoint_is_skipped_and_explicit_resume_refuses(tmp_pa
 
 @pytest.mark.slow
 def test_second_run_on_the_same_root_is_refused_while_the_first_holds_the_lease(tmp_path, cli_here):
-    from tests.conftest import REPO_ROOT
-
     import os
     import subprocess
     import sys
+
+    from tests.conftest import REPO_ROOT
 
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     root = tmp_path / "shared-root"

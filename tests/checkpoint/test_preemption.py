@@ -41,8 +41,8 @@ from safetensors.torch import load_file
 from skylift.checkpoint.manifest import read_manifest, read_verified
 from skylift.cloud.vendors import cloud_names
 from skylift.errors import EXIT_REQUEUE
-from skylift.storage import open_store
 from skylift.launch.preloaded_workers import WORKER_NAME_PREFIX
+from skylift.storage import open_store
 from tests.checkpoint.runs import LEAN, ONE_THREAD, run_here, state_kept
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT

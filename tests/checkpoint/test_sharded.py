@@ -34,6 +34,7 @@ from skylift.checkpoint.manifest import (
 )
 from skylift.checkpoint.session import TrainingObjects
 from skylift.checkpoint.sharded import capture_sharded, decode_metadata, encode_metadata
+from skylift.checkpoint.state import Snapshot
 from skylift.errors import SkyliftConfigError
 from skylift.loop.events import TrainState
 from skylift.storage import open_store
@@ -237,8 +238,9 @@ def test_an_injected_fault_between_shard_writes_leaves_the_step_invisible(store,
     def save(step):
         with torch.no_grad():
             model[0].weight.add_(1.0)  # each step's weights differ
-        take = lambda: capture_sharded(step=step, rank=0, model=model, optimizer=optimizer, scheduler=None,
-                                       scaler=None, counters={"step": step}, group=None, defer=True)
+        def take() -> Snapshot:
+            return capture_sharded(step=step, rank=0, model=model, optimizer=optimizer, scheduler=None,
+                                   scaler=None, counters={"step": step}, group=None, defer=True)
         result = manager.save(take, step)
         manager.wait()
         return result

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from skylift.cloud.vendors import cloud_names
 from skylift.cloud import _protocol
+from skylift.cloud.vendors import cloud_names
 from skylift.doctor.instance import gather_cloud
 from tests.doctor.metadata import INSTANCE_TYPES, InstanceMetadataServer
 

@@ -91,7 +91,7 @@ def records(run_dir: Path, kind: str) -> list[dict]:
     return found
 
 
-def wait_for(condition, what: str, agents: list[Agent], timeout_s: float = 240) -> None:  # noqa: ANN001
+def wait_for(condition, what: str, agents: list[Agent], timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         for agent in agents:

@@ -41,11 +41,11 @@ class _WithIds(Dataset):
 class SampleLoggedClassification(ImageClassification):
     _trained = 0  # micro-batches this process has trained
 
-    def build_datasets(self):  # noqa: ANN201 - DatasetSplit
+    def build_datasets(self):
         split = super().build_datasets()
         return dataclasses.replace(split, train=_WithIds(split.train))
 
-    def training_loss(self, model, batch):  # noqa: ANN001, ANN201
+    def training_loss(self, model, batch):
         images, labels, ids = batch
         loss = super().training_loss(model, (images, labels))
         folder = os.environ.get(LOG_VARIABLE)
@@ -67,7 +67,7 @@ def _hold_until_terminated() -> None:
     terminated = []
     previous = signal.getsignal(signal.SIGTERM)
 
-    def note(signum, frame):  # noqa: ANN001, ANN202
+    def note(signum, frame):
         terminated.append(signum)
         if callable(previous):
             previous(signum, frame)

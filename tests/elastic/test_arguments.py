@@ -76,7 +76,7 @@ def test_run_refuses_a_flag_that_contradicts_the_config(cli_here):
     assert "--nnodes 1:2 and distributed.nodes {min: 1, max: 3} disagree" in result.stderr
 
 
-def _result(*codes: int):  # noqa: ANN202 - RunResult
+def _result(*codes: int):
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 

@@ -20,8 +20,17 @@ import pytest
 from skylift.errors import EXIT_REQUEUE
 from tests.checkpoint.runs import assert_same_run, lean_train, lean_train_here, summary
 from tests.cloud.metadata_server import MetadataServer
-from tests.elastic.agents import (DEAD_ENDPOINT, HEARTBEAT_S, LAST_CALL_S, RECIPE, THREADS, Agent, job_overrides,
-                                  records, wait_for)
+from tests.elastic.agents import (
+    DEAD_ENDPOINT,
+    HEARTBEAT_S,
+    LAST_CALL_S,
+    RECIPE,
+    THREADS,
+    Agent,
+    job_overrides,
+    records,
+    wait_for,
+)
 from tests.elastic.sample_log_recipe import logged_samples
 from tests.servers import free_port
 
@@ -35,7 +44,7 @@ START_BUDGET_S = 60.0
 (measured about 8 s unloaded): the allowance the bounds below add for it."""
 
 
-def _two_nodes(folder, low, high, *extra, noticed_node=1, **kwargs):  # noqa: ANN001, ANN202
+def _two_nodes(folder, low, high, *extra, noticed_node=1, **kwargs):
     """Node 0 (the rendezvous host) and node 1; ``noticed_node``'s metadata endpoint is the server."""
     port, overrides = free_port(), [*job_overrides(folder, low, high, **kwargs), *extra]
     server = MetadataServer().__enter__()
@@ -46,7 +55,7 @@ def _two_nodes(folder, low, high, *extra, noticed_node=1, **kwargs):  # noqa: AN
     return server, first, second, port, overrides
 
 
-def _after_step(folder, step, agents):  # noqa: ANN001, ANN202
+def _after_step(folder, step, agents):
     wait_for(lambda: any(record["step"] >= step for record in records(folder / "run", "train")),
              f"step {step}", agents)
 

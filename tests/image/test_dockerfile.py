@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from skylift.image.dockerfile import DOCKERIGNORE, ImageSpec, image_spec, render_dockerfile, write_files
 from skylift.errors import SkyliftConfigError
+from skylift.image.dockerfile import DOCKERIGNORE, ImageSpec, image_spec, render_dockerfile, write_files
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPECS = {
@@ -261,7 +261,7 @@ def test_the_docs_dockerfile_transcript_is_what_the_command_writes(tmp_path, mon
 
     page = (REPO_ROOT / "docs" / "keep-your-script.md").read_text(encoding="utf-8")
     shown = re.search(r"```console\n(\$ skylift dockerfile --out Dockerfile -- python train\.py --epochs 3\n.*?)```",
-                      page, re.S).group(1)
+                      page, re.DOTALL).group(1)
     if "torch 2.14.1+cu130 bundles" in shown and torch.__version__ != "2.14.1+cu130":
         pytest.skip(f"the page shows torch 2.14.1+cu130's image; this torch is {torch.__version__}")
     (tmp_path / "train.py").write_text("print('training')\n")

@@ -90,7 +90,7 @@ class _RecordingStore(LocalStore):
         self.writes.append(key)
         super().write_bytes(key, data, if_absent=if_absent)
 
-    def write_chunks(self, key: str, make_chunks) -> None:  # noqa: ANN001 - the Store's signature
+    def write_chunks(self, key: str, make_chunks) -> None:
         self.writes.append(key)
         super().write_chunks(key, make_chunks)
 

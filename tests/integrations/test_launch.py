@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psutil
@@ -24,11 +24,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from examples.integrations import hf_job, lightning_job
 from skylift.errors import EXIT_REQUEUE
 from skylift.integrations.checkpoints import verify_folder
 from tests.cloud.metadata_server import MetadataServer
 from tests.conftest import REPO_ROOT
-from examples.integrations import hf_job, lightning_job
 from tests.integrations.records import losses_by_step, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -68,10 +68,8 @@ def launched(script: str, *args: str, env: dict[str, str], logs: Path) -> Iterat
         except (psutil.Error, ProcessLookupError):
             pass
         for child in family:
-            try:
+            with suppress(psutil.Error):
                 child.kill()
-            except psutil.Error:
-                pass
         process.wait(30)
 
 

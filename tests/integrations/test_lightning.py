@@ -11,12 +11,12 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from examples.integrations import lightning_job
 from skylift.checkpoint.manifest import MANIFEST
 from skylift.config.load import load_config
 from skylift.errors import EXIT_REQUEUE
 from skylift.integrations.checkpoints import verify_folder
 from skylift.integrations.lightning import CHECKPOINT_FILE, SkyliftCallback, resume_checkpoint
-from examples.integrations import lightning_job
 from tests.integrations.records import losses_by_step, records
 
 LEAN = ("preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false", "monitor.system_interval_s=0",
@@ -29,7 +29,7 @@ class SigtermAt(pl.Callback):
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_index):  # noqa: ANN001 - Lightning's
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_index):
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -18,12 +18,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from examples.integrations import hf_job
 from skylift.checkpoint.manifest import MANIFEST
 from skylift.config.load import load_config
 from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.integrations.checkpoints import verify_folder
 from skylift.integrations.transformers import SkyliftCallback, resume_checkpoint
-from examples.integrations import hf_job
 from tests.integrations.records import losses_by_step, records
 
 LEAN = ("preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false", "monitor.system_interval_s=0")
@@ -36,7 +36,7 @@ class SigtermAt(TrainerCallback):
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - the Trainer's signature
+    def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 

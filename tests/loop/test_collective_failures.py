@@ -62,3 +62,40 @@ def test_an_error_that_is_not_a_timeout_or_a_lost_peer_passes_through_unchanged(
         raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:16275")
     with pytest.raises(CollectiveTimeoutError, match="waited 600 s"), collective("y"):
         raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 600000ms for recv operation")
+
+
+def _ddp_rank(rank: int, world_size: int, port: int, out: str) -> None:
+    import torch
+
+    from skylift.loop.collectives import CollectiveTimeoutError, PeerLostError
+    from skylift.loop.distributed import DistributedContext
+    from skylift.train.gradient_step import GradientStep
+
+    join(rank, world_size, port, timeout_s=TIMEOUT_S)
+    gradients = GradientStep()
+    model = gradients.wrap(torch.nn.Linear(4, 1), DistributedContext(rank, world_size, rank, torch.device("cpu"),
+                                                                     "gloo"))
+    if rank == 1:
+        time.sleep(3 * TIMEOUT_S)  # never runs its backward: rank 0's gradient all-reduce has no peer
+        return
+    gradients.before_forward()
+    try:
+        gradients.backward(model(torch.ones(2, 4)).sum())
+    except (CollectiveTimeoutError, PeerLostError) as error:
+        result = {"type": type(error).__name__, "message": str(error)}
+    else:
+        result = {"type": None, "message": ""}
+    with open(out, "w", encoding="utf-8") as file:
+        json.dump(result, file)
+    import os
+
+    os._exit(0)
+
+
+@pytest.mark.slow  # two spawned ranks importing torch and a 6 s absence
+def test_a_peer_missing_from_ddps_gradient_all_reduce_is_named(tmp_path):
+    out = tmp_path / "rank0.json"
+    spawn_ranks(_ddp_rank, 2, str(out))
+    result = json.loads(out.read_text())
+    assert result["type"] == "CollectiveTimeoutError", result
+    assert result["message"].startswith("rank 0 of 2: the gradient all-reduce (DDP, in backward) waited 2 s"), result

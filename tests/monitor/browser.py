@@ -11,6 +11,7 @@ its level. The ``--enable-logging`` stderr log cannot tell ``console.error`` fro
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -121,10 +122,8 @@ def open_page(url: str, *, width: int = 1280, height: int = 900, full_page: bool
         try:
             return _visit(pipe, url, width, height, full_page, expressions, timeout_s)
         finally:
-            try:
+            with contextlib.suppress(OSError, RuntimeError, TimeoutError, ConnectionError):
                 pipe.call("Browser.close", timeout_s=5)
-            except (OSError, RuntimeError, TimeoutError, ConnectionError):
-                pass
             os.close(to_browser_w)
             os.close(from_browser_r)
             try:

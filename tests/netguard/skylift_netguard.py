@@ -210,7 +210,7 @@ recorded_calls: list[tuple[str, tuple]] = []
 
 def install(log_dir: str | None = None, real: dict[str, Callable[..., Any]] | None = None) -> Guard:
     """Put the guard in front of this process's sockets and resolver (once; later calls return it)."""
-    global _installed
+    global _installed  # noqa: PLW0603 - one guard per process, kept where every later call finds it
     if _installed is not None:
         return _installed
     if real is None and os.environ.get(_RECORD_ONLY_ENV) == "1":

@@ -18,7 +18,7 @@ def _run_folder(tmp_path, samples_per_step: list[int], flops_per_step: list[floa
     records = [{"kind": "run_start", "time": 0.0, "world_size": 2, "device": "cpu", "device_name": "test CPU",
                 "precision": "fp32", "cpu_count": 2, "peak_flops_per_s": 1e10}]  # fmt: skip
     seen = 0
-    for step, (samples, flops, seconds) in enumerate(zip(samples_per_step, flops_per_step, step_time_s), start=1):
+    for step, (samples, flops, seconds) in enumerate(zip(samples_per_step, flops_per_step, step_time_s, strict=False), start=1):
         seen += samples
         records.append({"kind": "train", "time": float(step), "step": step, "samples_seen": seen,
                         "flops_per_step": flops, "step_time_s": seconds})  # fmt: skip

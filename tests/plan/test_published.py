@@ -145,7 +145,7 @@ def test_the_plan_path_predicts_a_published_row_as_the_calibration_does():
 
 def test_plan_prints_the_rows_and_the_cheapest_zone(tmp_path, capsys):
     bench = structured(global_batch_size=64, micro_batch_size=64,
-                       **{"intensity_bins": list(load_structures()[("resnet50_v1.5_224", False, 256)].intensity_bins)})
+                       intensity_bins=list(load_structures()[("resnet50_v1.5_224", False, 256)].intensity_bins))
     path = bench.save(tmp_path / "bench.json")
     common = ["plan", str(QUICKSTART), "--epochs", "1", "--bench", str(path), "--instances", "p3.2xlarge,p4d.24xlarge"]
     assert main([*common, "--json"]) == 0
@@ -171,9 +171,9 @@ def test_a_bench_without_the_structure_says_why_and_scales_instead():
 
 
 def test_a_gpu_bench_keeps_its_time_on_its_own_gpu_and_is_re_timed_by_the_model_on_another():
+    from skylift.machine.gpus import gpu_spec
     from skylift.plan.calibration import JobStructure, seconds_per_sample
     from skylift.plan.model import Target
-    from skylift.machine.gpus import gpu_spec
 
     m = structured(half=True, device="cuda", device_name="NVIDIA A100-SXM4-80GB", precision="bf16",
                    configured_precision="bf16")  # fmt: skip

@@ -27,8 +27,8 @@ from skylift.data.sampler import GlobalBatchSampler
 from skylift.data.shards import ShardWriter
 from skylift.data.streaming import StreamingDataset
 from skylift.recipes import check_recipe_settings, recipe_class_named
-from skylift.recipes.settings import BUILTIN_SETTINGS
 from skylift.recipes.image_classification import ImageClassification
+from skylift.recipes.settings import BUILTIN_SETTINGS
 from skylift.storage import open_store
 from skylift.train.optim import build_optimizer
 from tests.checkpoint.runs import assert_same_run, records, state_kept, summary

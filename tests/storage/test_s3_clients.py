@@ -19,7 +19,7 @@ class _KeepAliveHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     ports: list[int] = []
 
-    def do_GET(self):  # noqa: N802 - the http.server API
+    def do_GET(self):
         self.ports.append(self.client_address[1])
         body = b"hello"
         self.send_response(200)

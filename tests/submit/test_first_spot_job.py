@@ -22,7 +22,7 @@ from skylift.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "first-spot-job.md"
 BUCKET = "my-training-bucket"
-_BLOCK = re.compile(r"```console\n(.*?)```", re.S)
+_BLOCK = re.compile(r"```console\n(.*?)```", re.DOTALL)
 _STAMP = re.compile(r"\d{8}-\d{6}")
 
 
@@ -71,9 +71,8 @@ def project(tmp_path, monkeypatch, moto_server):
 @pytest.mark.slow
 def test_every_command_prints_what_the_page_shows(project, tmp_path, capsys):
     shown_job = actual_job = None
-    for command, shown in steps():
-        if actual_job:
-            command = command.replace(shown_job, actual_job)
+    for shown_command, shown in steps():
+        command = shown_command.replace(shown_job, actual_job) if actual_job else shown_command
         argv = shlex.split(command)[1:]
         if argv[0] == "report":
             _train_the_run_folder(argv[1], capsys)

@@ -218,8 +218,8 @@ def test_an_elastic_pytorchjob_pod_is_elastic_without_distributed_nodes(monkeypa
     import argparse
 
     from skylift.cli.options import add_topology_arguments, topology_from
-    from skylift.submit import environment
     from skylift.launch.elastic import rendezvous_id
+    from skylift.submit import environment
 
     monkeypatch.setattr(environment, "FILESYSTEM_ROOT", tmp_path)  # no SageMaker resource config under it
     monkeypatch.delenv("SKYLIFT_JOB_ID", raising=False)

@@ -69,7 +69,7 @@ def test_two_nodes_start_from_the_platforms_environment(platform, tmp_path):
         environ = {**clean, **_environment(platform, rank, port, tmp_path), "OMP_NUM_THREADS": "1"}
         nodes.append(subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [node.communicate(timeout=240) for node in nodes]
-    for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs)):
+    for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs, strict=False)):
         assert node.returncode == 0, f"node {rank}: {stderr[-3000:]}"
         assert f"skylift: {platform} job" in stderr and f"node {rank} of 2" in stderr
     stdout = outputs[0][0]

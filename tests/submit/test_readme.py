@@ -14,7 +14,7 @@ from skylift.cli.main import main
 DOCS = Path(__file__).parents[2] / "docs" / "submit"
 # The command runs to the first line end without a continuation backslash; a script job's
 # ends with `-- SCRIPT ARGS`, after its --dry-run.
-_EXAMPLE = re.compile(r"```console\n\$ (skylift submit (?:\\\n|[^\n])*)\n(.*?)```", re.S)
+_EXAMPLE = re.compile(r"```console\n\$ (skylift submit (?:\\\n|[^\n])*)\n(.*?)```", re.DOTALL)
 _STAMP = re.compile(r"\d{8}-\d{6}")  # the UTC time in each job name
 
 

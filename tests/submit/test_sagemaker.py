@@ -42,7 +42,7 @@ def model_problems(shape, value, path: str = "") -> list[str]:
         if shape.enum and value not in shape.enum:
             problems.append(f"{path}: {value!r} not in the model's enum")
         pattern = _python_pattern(shape.metadata.get("pattern"))
-        if pattern and not re.fullmatch(pattern, value, re.S):
+        if pattern and not re.fullmatch(pattern, value, re.DOTALL):
             problems.append(f"{path}: {value!r} does not match {pattern}")
         if len(value) > shape.metadata.get("max", len(value)):
             problems.append(f"{path}: longer than {shape.metadata['max']}")

@@ -37,7 +37,10 @@ def test_launch_sets_the_variables_from_its_flags(cli_here):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:2] == ["SKYLIFT_RUN_DIR=runs/x", "SKYLIFT_CHECKPOINT_ROOT=s3://bucket/runs/own-loop"]
-    assert lines[2].startswith("torchrun ") and lines[2].endswith("-m skylift.cli.shim examples/own_loop.py")
+    # The startup folder first on the workers' PYTHONPATH: the attach hook reaches the processes they start.
+    assert lines[2].startswith("PYTHONPATH=") and lines[2].split("=", 1)[1].split(":")[0].endswith(
+        "skylift/integrations/startup")
+    assert lines[3].startswith("torchrun ") and lines[3].endswith("-m skylift.cli.shim examples/own_loop.py")
 
 
 def test_runtime_from_config_takes_the_folder_and_root_the_launcher_set(tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ def test_two_nodes_run_the_submitted_script_under_the_platforms_environment(plat
     root = argv[argv.index("--checkpoint-root") + 1]
     nodes = _nodes(platform, argv, block, project, tmp_path)
     outputs = [node.communicate(timeout=240) for node in nodes]
-    for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs)):
+    for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs, strict=False)):
         assert node.returncode == 0, f"node {rank}: {stderr[-3000:]}"
         assert f"skylift: {NAMES[platform]} job" in stderr and f"node {rank} of 2" in stderr
         assert f"SKYLIFT_CHECKPOINT_ROOT={root}" in stderr  # launch says what the script reads

@@ -230,8 +230,8 @@ def test_kubernetes_a_refused_job_takes_its_secret_back(kube_api, capsys, deleti
     assert calls[2][0] == "DELETE" and calls[2][1].startswith("/api/v1/namespaces/default/secrets/skylift-quickstart-")
     assert len(calls) == 3
     secret = calls[2][1].rsplit("/", 1)[1]
-    left = f"the job was refused and its Secret {secret} could not be deleted (403); delete it with: " \
-           f"kubectl delete secret {secret} -n default"
+    left = (f"the job was refused and its Secret {secret} could not be deleted (403); delete it with: "
+            f"kubectl delete secret {secret} -n default")
     assert (left in error) is deletion_refused
 
 

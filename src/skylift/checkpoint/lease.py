@@ -14,6 +14,7 @@ released instead of deleting it, and a winner deletes only generations below its
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import math
@@ -164,9 +165,9 @@ class RunLease:
         looks at the store first, so a job that lost the lease writes nothing more. While
         the store fails the heartbeat, it does not look again: every write fails then too.
         """
-        if self._lost is None and self.generation is not None and not self._last_renewal_failed:
-            if time.monotonic() - self._confirmed_at > self.ttl_s / 2:
-                self._renew(only_if_late=True)
+        if (self._lost is None and self.generation is not None and not self._last_renewal_failed
+                and time.monotonic() - self._confirmed_at > self.ttl_s / 2):
+            self._renew(only_if_late=True)
         if self._lost is not None:
             raise LeaseLostError(self._lost)
 
@@ -215,7 +216,7 @@ class RunLease:
                     return
                 if not self._joined:  # the launcher renews its own lease
                     self.store.write_bytes(lease_key(self.generation), self._record())
-            except Exception as error:  # a missed heartbeat is retried at the next beat
+            except Exception as error:  # noqa: BLE001 - a missed heartbeat is retried at the next beat
                 self._last_renewal_failed = True
                 log.warning("lease heartbeat failed: %s", error)
                 return
@@ -322,7 +323,7 @@ class FencedStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 
-    def temporary_keys(self, prefix: str = "") -> list[str]:
+    def temporary_keys(self, prefix: str = "") -> builtins.list[str]:  # builtins: `list` is the method above
         return self.inner.temporary_keys(prefix)
 
     def describe(self, key: str = "") -> str:

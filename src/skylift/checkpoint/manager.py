@@ -231,7 +231,7 @@ class CheckpointManager:
                 fault_point("during_payload", step=snapshot.step, rank=self.rank)
             fault_point("after_payload", step=snapshot.step, rank=self.rank)
             self._raise_if_cancelled()
-        except Exception as failure:  # any failure abandons this save on every rank
+        except Exception as failure:  # noqa: BLE001 - any failure abandons this save on every rank
             return entries, f"rank {self.rank}: {type(failure).__name__}: {failure}"
         return entries, None
 
@@ -244,7 +244,7 @@ class CheckpointManager:
             # the local disk, and the newer step goes first.
             self.tier.upload(step, entries, wrap=self._cancellable)
             fault_point("after_upload", step=step, rank=self.rank)
-        except Exception as failure:  # any failure abandons the upload on every rank
+        except Exception as failure:  # noqa: BLE001 - any failure abandons the upload on every rank
             error = f"rank {self.rank}: upload: {type(failure).__name__}: {failure}"
         result.uploaded, result.upload_error = self._commit(step, entries, error, self.store, layout)
         if not result.uploaded:
@@ -288,15 +288,15 @@ class CheckpointManager:
         if self.world_size > 1:
             with collective("the checkpoint commit decision (broadcast from rank 0)"):
                 dist.broadcast_object_list(decision, src=0, group=self._group)
-        local_copy = self.tier is not None and store is self.tier.store
-        if local_copy and self.rank != 0 and self.tier.node_leader:
+        tier = self.tier
+        if tier is not None and store is tier.store and self.rank != 0 and tier.node_leader:
             # Other nodes' local copies: their ranks' files are in place, so commit them too.
             if decision[0] and decision[2] is not None:
-                self.tier.write_manifest(step, decision[2])
-                self.tier.drop_mismatches(step, decision[2], local_entries or {})
-                retain(self.tier.store, self.keep, self.timeline)
+                tier.write_manifest(step, decision[2])
+                tier.drop_mismatches(step, decision[2], local_entries or {})
+                retain(tier.store, self.keep, self.timeline)
             elif not decision[0]:
-                self.tier.discard(step)
+                tier.discard(step)
         return bool(decision[0]), decision[1]
 
     def _write_manifest(
@@ -313,7 +313,7 @@ class CheckpointManager:
             fault_point("after_manifest", step=step, rank=self.rank)
             store.write_bytes(LATEST, f"{step_folder(step)}\n".encode())
             retain(store, self.keep, self.timeline)
-        except Exception as failure:
+        except Exception as failure:  # noqa: BLE001 - reported to every rank, which then agree on the outcome
             if written or _exists_or_false(store, f"{step_folder(step)}/{MANIFEST}"):
                 # Committed; only LATEST or retention failed, which the next save repairs.
                 log.warning("checkpoint step %d committed, but bookkeeping failed: %s", step, failure)
@@ -324,7 +324,7 @@ class CheckpointManager:
     def _discard(self, step: int, store: Store) -> None:
         try:
             store.delete_prefix(step_folder(step))
-        except Exception as failure:  # the next start removes it; never mask the save error
+        except Exception as failure:  # noqa: BLE001 - the next start removes it; never mask the save error
             log.warning("could not remove abandoned %s: %s", store.describe(step_folder(step)), failure)
 
     def _gather(self, report: tuple[dict, str | None]) -> list[tuple[dict, str | None]]:
@@ -341,5 +341,5 @@ def _exists_or_false(store: Store, key: str) -> bool:
     down): a store failing here must not crash the writer thread (the save is abandoned)."""
     try:
         return store.exists(key)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the writer thread must outlive a failing store (see above)
         return False

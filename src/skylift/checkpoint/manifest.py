@@ -44,8 +44,8 @@ __all__ = [
     "Manifest",
     "committed_steps",
     "file_entry",
-    "hashing",
     "find_latest_valid",
+    "hashing",
     "read_manifest",
     "read_verified",
     "step_folder",
@@ -104,7 +104,8 @@ class Manifest:
             payload = json.loads(data)
             if payload.get("format") != FORMAT:
                 raise ValueError(f"format {payload.get('format')!r} is not {FORMAT!r}")
-            files = {str(name): {"size": int(e["size"]), "sha256": str(e["sha256"])} for name, e in payload["files"].items()}
+            files = {str(name): {"size": int(entry["size"]), "sha256": str(entry["sha256"])}
+                     for name, entry in payload["files"].items()}
             layout = payload.get("layout", "replicated")  # manifests written before sharding have none
             if layout not in LAYOUTS:
                 raise ValueError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")

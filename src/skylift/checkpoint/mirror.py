@@ -17,6 +17,7 @@ Layout, on both sides, for a prefix ``step-`` (or a framework's ``checkpoint-``)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -93,7 +94,7 @@ class FolderMirror:
         for name, expected in entries.items():
             key = f"{folder}/{name}"
             path = self.local.path(key)
-            hashed, actual = hashing(wrap(lambda path=path: file_pieces(path)))
+            hashed, actual = hashing(wrap(functools.partial(file_pieces, path)))
             self.remote.write_chunks(key, hashed)
             if actual != expected:
                 raise CorruptCheckpointError(

@@ -190,7 +190,7 @@ class Checkpointing:
                 raise  # a refusal, or a store that could not be read: never a reason to go back
             except CorruptCheckpointError as error:  # a shard read during a sharded load
                 failure, corrupt = str(error), True
-            except Exception as error:  # verified bytes that do not load
+            except Exception as error:  # noqa: BLE001 - verified bytes that do not load, whatever the unpickler raised
                 failure = _first_lines(error)
             reports = [report for report in self._gather_all((failure, corrupt)) if report[0]]
             if not reports:
@@ -218,11 +218,11 @@ class Checkpointing:
         every rank): refuse, or note the changes it takes (:attr:`_changed`)."""
         if self.run_config is None:
             return
-        verdict = None
+        verdict: tuple[tuple[str, str] | None, list[str], str | None] | None = None  # (refusal, changes, line)
         if self.context.is_main:
             if manifest.config is None:
-                verdict = (None, [], f"{where} records no config (written by an earlier skylift): this run's "
-                                     "settings are not compared with its")
+                verdict = (None, [], (f"{where} records no config (written by an earlier skylift): this run's "
+                                      "settings are not compared with its"))
             else:
                 differences = compatibility.compare(manifest.config, self.run_config,
                                                     self.precision or self.run_config.precision)
@@ -307,7 +307,8 @@ class Checkpointing:
         if minutes and self.context.is_main and time.monotonic() - self._last_save_time >= 60 * minutes:
             self.agreement.request_save()
             self._last_save_time = time.monotonic()
-        by_steps = bool(self.config.every_steps) and state.step % self.config.every_steps == 0
+        every_steps = self.config.every_steps or 0
+        by_steps = every_steps != 0 and state.step % every_steps == 0
         return (by_steps or decision.save) and state.step != self._last_saved_step
 
     def save(self, state: TrainState, *, blocking: bool = False) -> SaveResult | None:
@@ -430,7 +431,8 @@ class Checkpointing:
         if tensors_file in contents and json_file in contents:
             restore_rng(contents[tensors_file], contents[json_file])
         else:
-            log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)", step, self.context.rank)
+            log.warning("checkpoint step %d has no RNG state for rank %d (saved with fewer ranks)",
+                        step, self.context.rank)
 
     def _save_estimate_s(self) -> float | None:
         """The fastest of the last three saves (to the local commit, with a local tier):

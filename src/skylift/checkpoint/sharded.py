@@ -31,7 +31,7 @@ import json
 import struct
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
@@ -81,6 +82,7 @@ from skylift.checkpoint.state import (
     trainer_document,
 )
 from skylift.errors import SkyliftConfigError
+from skylift.loop.collectives import collective
 from skylift.storage import StorageError
 from skylift.storage.names import check_file_name
 
@@ -148,7 +150,7 @@ def capture_sharded(
     copier.finish()
     snapshot.deferred = copier.deferred
     if replicated if replicated is not None else rank == 0:
-        _add_documents(snapshot, rank, copier, optimizer_state["param_groups"], values,
+        _add_documents(snapshot, rank, copier, cast(list[dict[str, Any]], optimizer_state["param_groups"]), values,
                        trainer=(counters, scheduler, scaler), extra=extra or {})
     return snapshot
 
@@ -215,7 +217,7 @@ def _full_tensors(metadata: Metadata, prefix: str = _MODEL) -> dict[str, torch.T
     return {
         key[len(prefix) :]: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith(prefix)
+        if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)  # all are: only tensors are written
     }
 
 
@@ -260,7 +262,10 @@ class _SnapshotWriter(StorageWriter):
             fqn = item.index.fqn
             name = self.files[_OPTIMIZER if fqn.startswith(_OPTIMIZER) else _MODEL]
             key = _chunk_key(item.index)
-            host = self.copier.copy(f"dcp/{key}", planner.resolve_data(item), deferrable=self.deferrable(fqn))
+            data = planner.resolve_data(item)
+            if not isinstance(data, torch.Tensor):  # a BytesIO comes only for BYTE_IO, refused above
+                raise TypeError(f"{fqn} is not a tensor: a sharded checkpoint holds only tensors")
+            host = self.copier.copy(f"dcp/{key}", data, deferrable=self.deferrable(fqn))
             self.snapshot.tensors[name][key] = host
             results.append(WriteResult(index=item.index, size_in_bytes=host.numel() * host.element_size(),
                                        storage_data={"file": name, "key": key}))
@@ -365,7 +370,7 @@ def decode_metadata(data: bytes, where: str) -> Metadata:
     try:
         if document.get("format") != METADATA_FORMAT:
             raise ValueError(f"format {document.get('format')!r} is not {METADATA_FORMAT!r}")
-        entries = {
+        entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {
             str(key): TensorStorageMetadata(
                 TensorProperties(dtype=_DTYPES_BY_NAME[entry["dtype"]]),
                 torch.Size(int(size) for size in entry["size"]),
@@ -386,15 +391,14 @@ def decode_metadata(data: bytes, where: str) -> Metadata:
 
 
 def _collectively(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Run a DCP save or load; its failure on any rank (DCP's ``CheckpointException``, a
-    ``BaseException`` that ``except Exception`` would miss, raised on every rank) as an
-    ordinary error: a ``CorruptCheckpointError`` when every failure is a bad or
-    unreadable file."""
+    """Run a DCP save or load; a failure on any rank (DCP's ``CheckpointException``, a ``BaseException``
+    raised on every rank) as an error: ``CorruptCheckpointError`` when each is a bad or unreadable file."""
     try:
         with warnings.catch_warnings():
             # One process without a process group is the intended case, not a fallback.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-            call(*args, **kwargs)
+            with collective(f"the sharded checkpoint's {getattr(call, '__name__', 'call')} (DCP)"):
+                call(*args, **kwargs)
     except CheckpointException as failure:
         errors = [error for _, (error, _) in sorted(failure.failures.items())]
         message = "; ".join(f"rank {rank}: {error}" for rank, (error, _) in sorted(failure.failures.items()))

@@ -19,7 +19,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -299,7 +299,8 @@ def _capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for index, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{index:03d}"] = state
     version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    # The legacy form (the default): a tuple; the stubs give the union with the dict form.
+    kind, keys, position, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     document = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
@@ -371,7 +372,7 @@ def _safetensors_chunks(tensors: dict[str, torch.Tensor]) -> Iterator[bytes | me
     for name in names:
         tensor = tensors[name].contiguous()
         if tensor.numel():
-            view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+            view = tensor.reshape(-1).view(torch.uint8).numpy().data  # the array's own memoryview
             # Pieces, not whole tensors: a cancelled save stops within one piece even
             # in a multi-gigabyte embedding.
             for start in range(0, len(view), _PIECE_BYTES):

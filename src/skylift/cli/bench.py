@@ -41,7 +41,8 @@ def render_measurement(measurement, path) -> str:
         + ", ".join(f"{phase} {seconds * 1000:.1f}" for phase, seconds in m.breakdown_s.items() if seconds > 0),
         f"  FLOPs/sample         {_maybe(m.flops_per_sample, '{:.3g}')}   MFU {_maybe(m.mfu, '{:.1%}')}",
         f"  model                {_maybe(m.model_bytes and m.model_bytes / 2**20, '{:.1f} MiB')}",
-        (f"  peak memory          device {_maybe(m.peak_device_memory_bytes and m.peak_device_memory_bytes / 2**30, '{:.2f} GiB')}"
+        (f"  peak memory          device "
+         f"{_maybe(m.peak_device_memory_bytes and m.peak_device_memory_bytes / 2**30, '{:.2f} GiB')}"
         f", host {_maybe(m.peak_host_memory_bytes and m.peak_host_memory_bytes / 2**30, '{:.2f} GiB')}"),
         f"  checkpoint save      {_maybe(m.checkpoint_save_s, '{:.2f} s')}",
     ]

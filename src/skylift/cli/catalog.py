@@ -52,7 +52,8 @@ def render_rows(rows: list) -> str:  # rows: list[InstanceRow]
         lines.append((
             row.provider, row.instance_type + ("" if row.spec_checked else " *"), row.region,
             f"{row.gpu_count}x{row.gpu_model}", f"{row.gpu_memory_gib:g}", str(row.vcpus), f"{row.ram_gib:g}",
-            row.gpu_interconnect, f"{row.network_gbps:g}" + ("" if row.network_fabric == "none" else f" {row.network_fabric}"),
+            row.gpu_interconnect,
+            f"{row.network_gbps:g}" + ("" if row.network_fabric == "none" else f" {row.network_fabric}"),
             f"{spec.peak_tflops['half']:g}" if spec else "?",
             f"{spec.memory_bandwidth_bytes_per_s / 1e12:.2f}" if spec else "?",
             "price_unverified" if unverified else _usd(row.on_demand_usd_per_hour),
@@ -60,7 +61,7 @@ def render_rows(rows: list) -> str:  # rows: list[InstanceRow]
             f"{row.spot_notice_window_s:g}" if row.spot_notice_window_s else "?",
         ))  # fmt: skip
     widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
-    text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines]
+    text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
     sources = sorted({f"{row.price_source} (read {row.price_read_on})" for row in rows if row.price_source})
     text.append(f"{len(rows)} rows; * = hardware figures not re-read at the source (see the row's spec_source); "
                 "spot = the median zone's price, the cheapest zone's in brackets")

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override the run's config.yaml, e.g. recipe.model_path=/models/llama where the "
                         "base model's folder (its config and tokenizer) lives on this machine")  # fmt: skip
+    parser.add_argument("--merged", action="store_true",
+                        help="a run that trained LoRA adapters (recipe.lora): write the base model with the adapters "
+                        "merged in (PEFT's merge_and_unload), not the adapter folder")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--json", action="store_true", help="print what was written, and from which weights, as JSON")
 
@@ -35,7 +38,8 @@ def execute(args: argparse.Namespace) -> int:
 
     try:
         result = export_run(Path(args.run_dir), Path(args.out_dir), source=args.source, dtype=args.dtype,
-                            overrides=tuple(args.overrides), force=args.force)  # fmt: skip
+                            overrides=tuple(args.overrides), force=args.force,
+                            merged=args.merged)  # fmt: skip
     except (CorruptCheckpointError, StorageError, TimelineError) as error:  # each names its cause and fix
         print(f"skylift export: {error}", file=sys.stderr)
         return EXIT_FAILURE
@@ -44,5 +48,9 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     step = "unknown step" if result.step is None else f"step {result.step}"
     print(f"exported {result.source} weights ({step}; {result.reason}) as {result.dtype} to {result.out_dir}")
-    print(f"load it: AutoModelForCausalLM.from_pretrained({result.out_dir!r})")
+    if result.layout == "adapters":
+        print(f"load it: PeftModel.from_pretrained(base_model, {result.out_dir!r})  (a PEFT adapter folder; "
+              "--merged writes the base with the adapters merged in)")
+    else:
+        print(f"load it: AutoModelForCausalLM.from_pretrained({result.out_dir!r})")
     return 0

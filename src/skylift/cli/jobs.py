@@ -56,7 +56,7 @@ def _act(args: argparse.Namespace) -> int:
     if args.action == "watch":
         return _watch(ref, args)
     given = [flag for flag, value in zip(_WATCH_ONLY, (args.config, args.overrides, args.max_resubmits,
-                                                        args.poll_interval_s)) if value]
+                                                        args.poll_interval_s), strict=True) if value]
     if given:
         raise SkyliftConfigError(f"{', '.join(given)} only go with watch", hint=f"Run: skylift jobs watch {ref} ...")
     platform = platform_module(ref.platform)

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from skylift.cli.options import add_topology_arguments, topology_from
-from skylift.integrations.attach import ATTACH_VARIABLE
+from skylift.integrations.attach import ATTACH_VARIABLE, with_startup_path
 from skylift.loop.lifeline import LAUNCHER_PID_VARIABLE
 
 
@@ -58,6 +58,8 @@ def execute(args: argparse.Namespace) -> int:
     told = _script_environment(args)
     if args.no_attach:
         told[ATTACH_VARIABLE] = "0"
+    # The hook reaches the workers' Python children too (trl sft re-launches through accelerate).
+    told["PYTHONPATH"] = with_startup_path(os.environ.get("PYTHONPATH"))
     if args.dry_run:
         for name, value in told.items():
             print(f"{name}={value}")

@@ -10,6 +10,7 @@ import atexit
 import gc
 import importlib
 import sys
+from types import ModuleType
 
 __all__ = ["build_parser", "main"]
 
@@ -86,5 +87,5 @@ def _split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:cut], argv[cut + 1:]
 
 
-def _module(name: str):  # noqa: ANN202 - a command module
+def _module(name: str) -> ModuleType:
     return importlib.import_module(f"skylift.cli.{name}")

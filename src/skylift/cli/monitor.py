@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -32,8 +33,6 @@ def execute(args: argparse.Namespace) -> int:
         return EXIT_CONFIG_ERROR
     from skylift.monitor.live import watch
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
         watch(run_dir, interval_s=args.interval_s, once=args.once)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a live view ends
     return 0

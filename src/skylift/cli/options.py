@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skylift.config.distributed import ElasticNodes
+    from skylift.launch.launcher import Topology
 
 __all__ = ["add_config_arguments", "add_topology_arguments", "topology_from"]
 
@@ -40,7 +45,8 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def topology_from(args: argparse.Namespace, grace_s: float | None = None, nodes=None):  # noqa: ANN001, ANN201
+def topology_from(args: argparse.Namespace, grace_s: float | None = None,
+                  nodes: ElasticNodes | None = None) -> Topology:
     """The Topology from the flags and the platform; ``nodes``: the config's
     ``distributed.nodes`` (an ElasticNodes or None), checked against ``--nnodes``."""
     from skylift.launch.elastic import resolve_nodes

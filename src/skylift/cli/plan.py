@@ -14,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--epochs", type=float, required=True, help="passes over the training set to plan for")
     parser.add_argument("--samples-per-epoch", type=int, default=None,
-                        help="training samples per epoch of the real job (default: the measured run's dataset)")  # fmt: skip
+                        help="training samples per epoch of the real job "
+                             "(default: the measured run's dataset)")  # fmt: skip
     parser.add_argument("--deadline", default=None, metavar="8h", help="drop candidates slower than this (h, m, d)")
     parser.add_argument("--budget-usd", type=float, default=None, help="drop candidates dearer than this")
     parser.add_argument("--providers", default=None, metavar="aws,aliyun,tencent", help="only these clouds")
@@ -23,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spot", choices=("auto", "only", "never"), default="auto",
                         help="auto: plan both; only: spot; never: on-demand")  # fmt: skip
     parser.add_argument("--bench", default=None, metavar="FILE|RUN_DIR",
-                        help="the measurement to use (default: the newest bench of this config; else a new one)")  # fmt: skip
+                        help="the measurement to use "
+                             "(default: the newest bench of this config; else a new one)")  # fmt: skip
     parser.add_argument("--price-file", default=None, metavar="CSV",
                         help="your own prices over the catalog's (default: plan.price_file)")  # fmt: skip
     parser.add_argument("--efficiency", type=float, default=None,
@@ -73,6 +75,7 @@ def parse_hours(text: str | None) -> float | None:
         return None
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([hmd]?)\s*", text.lower())
     if not match:
-        raise SkyliftConfigError(f"--deadline {text!r}: not a duration", "write it like 8h, 90m or 2d, e.g. --deadline 8h")
+        raise SkyliftConfigError(f"--deadline {text!r}: not a duration",
+                                 "write it like 8h, 90m or 2d, e.g. --deadline 8h")
     value, unit = float(match.group(1)), match.group(2) or "h"
     return value * {"h": 1.0, "m": 1 / 60, "d": 24.0}[unit]

@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     from skylift.config.load import load_config
     from skylift.doctor.gate import check_before_start
-    from skylift.loop.distributed import launched_by_torchrun
     from skylift.launch.preflight import preflight
+    from skylift.loop.distributed import launched_by_torchrun
 
     if args.resume is not None:
         args.overrides = [*args.overrides, f"checkpoint.resume={args.resume}"]

@@ -85,9 +85,9 @@ def _splits(args: argparse.Namespace):  # (split, samples, metadata, total) per 
 
     kind = sources.describe_source(args.source)
     if kind == "digits":
-        classes = {"classes": [str(label) for label in range(10)]}
-        return [("train", sources.digits_samples("train"), classes, None),
-                ("val", sources.digits_samples("val"), classes, None)]  # fmt: skip
+        digit_classes = {"classes": [str(label) for label in range(10)]}
+        return [("train", sources.digits_samples("train"), digit_classes, None),
+                ("val", sources.digits_samples("val"), digit_classes, None)]  # fmt: skip
     if kind == "image_folder":
         from skylift.data.image_sources import open_image_folder
 

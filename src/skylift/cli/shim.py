@@ -50,7 +50,7 @@ def run_user_code(argv: list[str]) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"skylift: error: {error}", file=sys.stderr)
         return EXIT_SKYLIFT_ERROR
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - as python itself: any end of the user's script, Ctrl-C too, is a traceback
         traceback.print_exc()
         return 1
     return 0
@@ -60,8 +60,7 @@ def main(argv: list[str]) -> int:
     die_with_launcher()
     from skylift.integrations.attach import attach_enabled, install
 
-    if attach_enabled():
-        install()
+    install(trainers=attach_enabled())  # accelerate's nested launch is handled even with --no-attach
     return run_user_code(argv)
 
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skylift.errors import SkyliftConfigError
+
+if TYPE_CHECKING:
+    from skylift.submit.spec import JobSpec
 from skylift.submit.base import platform_names, resolve_platform
 
 _SCRIPT_EXAMPLE = "skylift submit --platform sagemaker ... -- python train.py --epochs 3"
@@ -96,7 +100,7 @@ def _submit(args: argparse.Namespace) -> int:
     return watch(platform, job, ref, record=record if saved else None)
 
 
-def _job(args: argparse.Namespace, flags: dict):  # noqa: ANN202 - JobSpec
+def _job(args: argparse.Namespace, flags: dict) -> JobSpec:
     """A config job (CONFIG) or a script job (``-- SCRIPT``), never both, never neither."""
     if args.script_command:
         if args.config:

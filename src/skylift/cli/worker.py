@@ -9,13 +9,20 @@ import argparse
 import json
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from skylift.errors import EXIT_CONFIG_ERROR, EXIT_FAILURE, SkyliftConfigError, SkyliftError
+
+if TYPE_CHECKING:
+    from skylift.config.schema import RunConfig
+    from skylift.monitor.flop_figures import FlopFigures
+    from skylift.monitor.report import Report
+    from skylift.train.trainer import RunSummary
 
 __all__ = ["train_and_report"]
 
 
-def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 - RunConfig
+def train_and_report(config: RunConfig, *, as_json: bool = False) -> int:
     """Train with ``config``; rank 0 prints the summary. Returns the exit code."""
     from skylift.logs import setup_logging
     from skylift.train.trainer import Trainer
@@ -51,13 +58,13 @@ def train_and_report(config, *, as_json: bool = False) -> int:  # noqa: ANN001 -
     return stopped.exit_code
 
 
-def _report_fields(report) -> dict:  # noqa: ANN001 - Report | None
+def _report_fields(report: Report | None) -> dict:
     if report is None:
         return {}
     return {"report": str(report.html_path), "diagnosis": report.diagnosis}
 
 
-def print_summary(summary, report=None, flops=None) -> None:  # noqa: ANN001 - RunSummary, Report, FlopFigures
+def print_summary(summary: RunSummary, report: Report | None = None, flops: FlopFigures | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -120,8 +127,9 @@ if __name__ == "__main__":
     from skylift.loop.distributed import exit_cleanly
 
     try:
-        code = record(main)()
-    except Exception:
+        result = record(main)()
+        code = EXIT_FAILURE if result is None else result  # record's wrapper is typed Optional; main gives an int
+    except Exception:  # noqa: BLE001 - a traceback and EXIT_FAILURE, still through exit_cleanly's teardown
         traceback.print_exc()
         code = EXIT_FAILURE
     exit_cleanly(code)

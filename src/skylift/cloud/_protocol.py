@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
+from email.message import Message
 
 __all__ = [
     "HttpResponse",
@@ -44,7 +45,8 @@ class HttpResponse:
     """A finished exchange with any status below 500 (5xx raise, being transient)."""
 
     status: int
-    headers: Mapping[str, str]
+    headers: Message
+    """Looked up by name in any case, as HTTP's are."""
     body: bytes
 
     @property

@@ -23,11 +23,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from skylift.cloud._protocol import is_transient
 from skylift.cloud.vendors import check_cloud, cloud_vendor, cloud_vendors
 from skylift.errors import SkyliftConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11's; this stays an annotation
 
 __all__ = [
     "DEFAULT_SIGNAL_GRACE_S",
@@ -221,7 +224,7 @@ class NoticeWatcher:
         self._thread: threading.Thread | None = None
         self._failures_in_a_row = 0
 
-    def start(self) -> NoticeWatcher:
+    def start(self) -> Self:
         """Start polling. Endpoint and vendor module are resolved here, so errors raise here."""
         if self.cloud is None:
             log.info("no cloud detected (set SKYLIFT_CLOUD to force one); not watching for preemption")
@@ -246,7 +249,7 @@ class NoticeWatcher:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def __enter__(self) -> NoticeWatcher:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -268,7 +271,7 @@ class NoticeWatcher:
     def _poll_once(self, poll: Poller, base_url: str) -> PreemptionNotice | None:
         try:
             notice = poll(base_url, self.request_timeout_s)
-        except Exception as error:  # any failure is retried: this thread must outlive it
+        except Exception as error:  # noqa: BLE001 - any failure is retried: this thread must outlive it
             self._report_failure(error, base_url)
             return None
         self._failures_in_a_row = 0

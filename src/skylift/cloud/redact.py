@@ -18,7 +18,8 @@ __all__ = ["REDACTED", "is_secret_name", "redact", "redact_config"]
 
 REDACTED = "***redacted***"
 
-_SECRET_NAME = re.compile(r"(secret|password|passwd|token|credential|private[_-]?key|access[_-]?key|api[_-]?key)", re.I)
+_SECRET_NAME = re.compile(r"(secret|password|passwd|token|credential|private[_-]?key|access[_-]?key|api[_-]?key)",
+                          re.IGNORECASE)
 # Credential variables of the vendors skylift submits to.
 _CREDENTIAL_VARIABLES = (
     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID",

@@ -93,7 +93,7 @@ class CloudVendor:
 
 
 _registered: dict[str, CloudVendor] = {}
-_scanned = False
+_scanned = threading.Event()
 _lock = threading.RLock()
 
 
@@ -125,11 +125,10 @@ def unregister(name: str) -> None:
 
 def _scan() -> None:
     """Import every module of :mod:`skylift.cloud` that declares ``VENDOR``, once."""
-    global _scanned
     with _lock:
-        if _scanned:
+        if _scanned.is_set():
             return
-        _scanned = True
+        _scanned.set()
         package = importlib.import_module("skylift.cloud")
         for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
             if module_info.name.startswith("_") or module_info.ispkg:

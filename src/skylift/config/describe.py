@@ -8,9 +8,9 @@ import it without importing the schema or anything the schema names.
 from __future__ import annotations
 
 import difflib
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 __all__ = ["describe_errors"]
 
@@ -23,7 +23,7 @@ def describe_errors(error: ValidationError, root: type[BaseModel],
     return [_describe(item, root, prefix) for item in error.errors()]
 
 
-def _describe(item: dict[str, Any], root: type[BaseModel], prefix: tuple[str, ...] = ()) -> str:
+def _describe(item: ErrorDetails, root: type[BaseModel], prefix: tuple[str, ...] = ()) -> str:
     location = [str(part) for part in item["loc"]]
     dotted = ".".join([*prefix, *location]) or "config"
     if not location:
@@ -34,7 +34,7 @@ def _describe(item: dict[str, Any], root: type[BaseModel], prefix: tuple[str, ..
         return _unknown_key(location, root, prefix)
     allowed = _allowed_values(location, root)
     message = f"{dotted}: {item['msg']}"
-    if "input" in item and item["type"] not in ("missing",) and not isinstance(item["input"], dict):
+    if "input" in item and item["type"] != "missing" and not isinstance(item["input"], dict):
         message += f" (got {item['input']!r})"
     if allowed:
         message += f"; allowed: {allowed}"

@@ -152,7 +152,7 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def _parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # _UniqueKeyLoader is a SafeLoader
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:

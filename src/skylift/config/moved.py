@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MOVED_KEYS", "MOVED_HINT", "moved_key_problems"]
+__all__ = ["MOVED_HINT", "MOVED_KEYS", "moved_key_problems"]
 
 MOVED_KEYS: dict[str, str] = {
     "model.name": "recipe.model",

@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from skylift.config.checkpoint import CheckpointConfig, PreemptionConfig
 from skylift.config.data import DataConfig
 from skylift.config.distributed import DistributedConfig, FsdpConfig
-from skylift.config.moved import moved_key_problems
 from skylift.config.monitor import CloudWatchConfig, GuardsConfig, MonitorConfig
+from skylift.config.moved import moved_key_problems
 from skylift.config.optim import AccumulationConfig, OptimConfig, ScheduleConfig
 from skylift.config.plan import PlanConfig
 from skylift.config.section import Section as _Section

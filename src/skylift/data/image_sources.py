@@ -34,7 +34,6 @@ DEFAULT_STORE_WORKERS = 32
 """Parallel GETs from an object store: its latency, not bandwidth, bounds one stream."""
 DEFAULT_LOCAL_WORKERS = 8
 T = TypeVar("T")
-_END = object()
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class ImageFolder:
         """``{<suffix>: image bytes, "cls": label}`` per image, in order, read ``workers`` at a time."""
         keys = (key for _, key in self.images)
         fetched = fetch_ordered(self.read, keys, workers or self.default_workers)
-        for (label, key), data in zip(self.images, fetched):
+        for (label, key), data in zip(self.images, fetched, strict=True):
             yield {_field(key): data, "cls": str(label).encode()}
 
 
@@ -110,9 +109,9 @@ def fetch_ordered(read: Callable[[str], T], keys: Iterable[str], workers: int) -
             pending.append(pool.submit(read, key))
         while pending:
             result = pending.popleft().result()
-            key = next(remaining, _END)
-            if key is not _END:
-                pending.append(pool.submit(read, key))  # type: ignore[arg-type]
+            following = next(remaining, None)
+            if following is not None:
+                pending.append(pool.submit(read, following))
             yield result
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

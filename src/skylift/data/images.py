@@ -203,7 +203,7 @@ class EncodedImages(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor | EncodedImage, torch.Tensor]:
         if isinstance(key, tuple):
             epoch, index = key
             with seeded(augmentation_seed(self.seed, epoch, index)):

@@ -85,6 +85,7 @@ def _document(line: str, where: str) -> dict[str, str]:
     except json.JSONDecodeError as error:
         raise SkyliftConfigError(f"{where}: not JSON ({error.msg})") from None
     keys = set(row) if isinstance(row, dict) else set()
+    wanted: tuple[str, ...]
     if keys >= {"prompt", "completion"}:
         wanted = ("prompt", "completion")
     elif "text" in keys:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -38,7 +39,7 @@ def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *
     train = _loader(data.train, config, pin_memory, batch_sampler=order, collate_fn=_collate(recipe, True))
     val = None
     if data.val is not None:
-        shards = ShardedEvalSampler(len(data.val), config.data.eval_batch_size, rank=context.rank,
+        shards = ShardedEvalSampler(len(cast(Sized, data.val)), config.data.eval_batch_size, rank=context.rank,
                                     world_size=context.world_size)
         val = _loader(data.val, config, pin_memory, batch_sampler=shards, collate_fn=_collate(recipe, False))
     return Loaders(data, order, train, val)
@@ -58,7 +59,7 @@ def _training_order(config: RunConfig, data: DatasetSplit, context: DistributedC
         except ValueError as error:
             raise SkyliftConfigError(str(error)) from None
     return GlobalBatchSampler(
-        len(data.train),
+        len(cast(Sized, data.train)),
         config.data.global_batch_size,
         config.accumulation.steps,
         rank=context.rank,
@@ -99,7 +100,7 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     from skylift.data.streaming import EvalStream, StreamingDataset
 
     data = config.data
-    cache = {"cache_dir": os.path.expanduser(data.cache_dir), "cache_limit_bytes": int(data.cache_limit_gib * 2**30)}
+    cache_dir, cache_limit_bytes = os.path.expanduser(data.cache_dir), int(data.cache_limit_gib * 2**30)
     train = StreamingDataset(
         data.url or "",
         decode=lambda sample: sample,  # replaced below, once the fields are known
@@ -111,7 +112,8 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
         prefetch_shards=data.prefetch_shards,
         shuffle_block_shards=data.shuffle_block_shards,
         endpoint_url=data.endpoint_url,
-        **cache,
+        cache_dir=cache_dir,
+        cache_limit_bytes=cache_limit_bytes,
     )
     classes = train.index.metadata.get("classes") or []
     if hasattr(recipe, "set_classes"):  # a recipe that maps label names to indices
@@ -128,10 +130,11 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     val = None
     if data.val_url:
         eval_decoder = getattr(recipe, "eval_decoder", recipe.decoder)
-        extra = {"collate": collate} if (collate := _collate(recipe, False)) else {}
         stream = EvalStream(data.val_url, decode=eval_decoder(train.index.fields), batch_size=data.eval_batch_size,
                             rank=context.rank, world_size=context.world_size, endpoint_url=data.endpoint_url,
-                            **cache, **extra)
+                            cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes)
+        if (collate := _collate(recipe, False)) is not None:
+            stream.collate = collate
         val = _loader(stream, config, pin_memory, batch_size=None, workers=0)
     return Loaders(split, train, _loader(train, config, pin_memory, batch_size=None), val)
 
@@ -143,8 +146,11 @@ def _collate(recipe: Any, train: bool) -> Any:
     return collate(train) if collate is not None else None
 
 
-def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | None = None, **batching: Any) -> DataLoader:
+def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | None = None,
+            **batching: Any) -> DataLoader:
     num_workers = config.data.num_workers if workers is None else workers
+    if not isinstance(num_workers, int):  # the Trainer measures `auto` before it builds loaders
+        raise ValueError("data.num_workers: auto is resolved to a count before the loaders are built")
     return DataLoader(
         dataset,
         num_workers=num_workers,

@@ -18,7 +18,7 @@ from torch.utils.data import Sampler
 __all__ = ["GlobalBatchSampler", "ShardedEvalSampler"]
 
 
-class GlobalBatchSampler(Sampler[list[int]]):
+class GlobalBatchSampler(Sampler[list[int] | list[tuple[int, int]]]):
     """Yield this rank's micro-batches, ``accumulation_steps`` per global batch.
 
     Args:
@@ -104,7 +104,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         generator.manual_seed(self.seed * 1_000_003 + self.epoch)
         return torch.randperm(self.num_samples, generator=generator).tolist()
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int] | list[tuple[int, int]]]:
         order = self.global_order()
         per_rank = self.global_batch_size // self.world_size
         micro = self.micro_batch_size
@@ -147,4 +147,4 @@ class ShardedEvalSampler(Sampler[list[int]]):
             yield self.indices[offset : offset + self.batch_size]
 
     def __len__(self) -> int:
-        return -(-len(self.indices) // self.batch_size)
+        return (len(self.indices) + self.batch_size - 1) // self.batch_size

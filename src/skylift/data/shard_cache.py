@@ -11,6 +11,7 @@ When the cache passes its limit, the least recently used shards go first.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -82,10 +83,8 @@ class ShardCache:
                 return data
             if ready is not None:
                 ready(data)
-            try:
+            with contextlib.suppress(FileNotFoundError):  # evicted meanwhile for another download: nothing to mark
                 _stamp(target, shard)  # verified now, and recently used
-            except FileNotFoundError:  # evicted meanwhile for another download: nothing to mark
-                pass
         return data
 
     def _download(self, shard: ShardInfo) -> bytes:
@@ -110,10 +109,8 @@ class ShardCache:
                 return
             if path.name in keep:
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another worker evicted it first
                 path.unlink()
-            except FileNotFoundError:  # another worker evicted it first
-                pass
             _stamp_path(path).unlink(missing_ok=True)
             total -= size
 

@@ -73,7 +73,8 @@ class StreamingDataset(IterableDataset):
         per_step = world_size * accumulation_steps
         if global_batch_size % per_step:
             raise ValueError(
-                f"data.global_batch_size ({global_batch_size}) must divide by world_size x accumulation.steps ({per_step})"
+                f"data.global_batch_size ({global_batch_size}) must divide by world_size x accumulation.steps "
+                f"({per_step})"
             )
         largest = max(shard.size for shard in self.index.shards)
         if cache_limit_bytes < largest * (prefetch_shards + 1):
@@ -222,7 +223,7 @@ class _ShardReader:
         """Resolve ``future`` as soon as the shard is verified; the cache write follows."""
         try:
             self.cache.read(info, keep, ready=future.set_result)
-        except BaseException as error:  # handed to the reading thread, never dropped
+        except BaseException as error:  # noqa: BLE001 - handed to the reading thread, never dropped
             if not future.done():
                 future.set_exception(error)
             else:  # the bytes were delivered, then the cache write failed

@@ -35,11 +35,13 @@ _POSITIVE = [
     "is a pleasure to use", "was outstanding", "left us smiling", "is highly recommended",
 ]
 _NEGATIVE = [
-    "was terrible", "is awful", "felt disappointing", "broke after a day", "was a waste of money", "made me angry",
-    "is painfully boring", "was horrible", "fell apart quickly", "is not worth it", "was a disaster", "annoyed everyone",
+    "was terrible", "is awful", "felt disappointing", "broke after a day", "was a waste of money",
+    "made me angry", "is painfully boring", "was horrible", "fell apart quickly", "is not worth it",
+    "was a disaster", "annoyed everyone",
     "is frustrating to use", "was mediocre at best", "left us upset", "should be avoided",
 ]
-_PEOPLE = ["my sister", "a friend", "my neighbour", "the manager", "our guide", "my colleague", "the driver", "my uncle"]
+_PEOPLE = ["my sister", "a friend", "my neighbour", "the manager", "our guide", "my colleague", "the driver",
+           "my uncle"]
 _ACTIONS = [
     "arrived on a rainy tuesday", "talked about the weather for a while", "checked the schedule twice",
     "walked to the station after lunch", "bought a ticket at the counter", "asked about the opening hours",

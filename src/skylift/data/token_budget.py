@@ -110,7 +110,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def _fill(self, indices: list[int]) -> list[list[int]]:
         """Greedy packing of length-sorted (longest first) indices."""
-        batches, current, longest = [], [], 0
+        batches: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
         # One gather to Python ints: indexing the tensor per sample costs ~40x more.
         for index, length in zip(indices, self.lengths[indices].tolist(), strict=True):
             if current and (len(current) + 1) * max(longest, length) > self.max_tokens:

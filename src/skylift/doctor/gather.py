@@ -41,8 +41,8 @@ KEY_PACKAGES = (
     "nvidia-ml-py",
     "psutil",
     "safetensors",
-    "fsspec",
-    "s3fs",
+    "boto3",  # skylift.storage's S3-compatible client (the s3 extra)
+    "botocore",
     "tokenizers",
     "nvidia-nccl-cu13",
     "nvidia-nccl-cu12",

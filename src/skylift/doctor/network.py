@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from skylift.doctor.system import read_text
-from skylift.machine.facts import InterfaceFacts, NetPluginFacts, NetworkFacts, RdmaDeviceFacts
+from skylift.machine.facts import InterfaceFacts, NetPluginFacts, NetworkFacts, RdmaDeviceFacts, RdmaKind
 
 __all__ = ["KNOWN_PLUGIN_FOLDERS", "gather_network", "read_nccl_conf"]
 
@@ -38,7 +38,7 @@ _SYSTEM_LIBRARY_FOLDERS = (
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib/aarch64-linux-gnu",
 )
-_DRIVER_KINDS = {"efa": "efa", "erdma": "erdma"}
+_DRIVER_KINDS: dict[str, RdmaKind] = {"efa": "efa", "erdma": "erdma"}
 
 
 def gather_network(
@@ -83,7 +83,8 @@ def _rdma_device(path: Path) -> RdmaDeviceFacts:
     state = read_text(ports[0] / "state") if ports else None  # "4: ACTIVE"
     kind = _DRIVER_KINDS.get(driver or "")
     if kind is None:
-        kind = {"InfiniBand": "ib", "Ethernet": "roce"}.get(link_layer or "", "other")
+        by_link_layer: dict[str, RdmaKind] = {"InfiniBand": "ib", "Ethernet": "roce"}
+        kind = by_link_layer.get(link_layer or "", "other")
     return RdmaDeviceFacts(
         name=path.name,
         kind=kind,

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from skylift.machine.facts import DiskFacts
+from skylift.machine.facts import DiskFacts, DiskPurpose
 
 if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
@@ -24,7 +24,7 @@ _DEFAULT_CACHE = "~/.cache/skylift"
 def gather_disks(config: RunConfig | None) -> list[DiskFacts]:
     """Free space where the run, the cache and local checkpoints would be written."""
     run_dir = Path(config.run_dir) if config is not None else Path("runs")
-    folders: list[tuple[str, Path]] = [("run_dir", run_dir)]
+    folders: list[tuple[DiskPurpose, Path]] = [("run_dir", run_dir)]
     cache = config.data.cache_dir if config is not None else _DEFAULT_CACHE
     folders.append(("cache", Path(os.path.expanduser(cache))))
     local = _local_checkpoint_folder(config, run_dir) if config is not None else None
@@ -45,18 +45,18 @@ def _local_checkpoint_folder(config: RunConfig, run_dir: Path) -> Path | None:
     return None if "://" in root else Path(os.path.expanduser(root))
 
 
-def _disk(purpose: str, folder: Path) -> DiskFacts:
+def _disk(purpose: DiskPurpose, folder: Path) -> DiskFacts:
     existing = folder.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:
         usage, device = shutil.disk_usage(existing), existing.stat().st_dev
     except OSError:
-        return DiskFacts(purpose=purpose, path=str(folder), exists=False)  # type: ignore[arg-type]
+        return DiskFacts(purpose=purpose, path=str(folder), exists=False)
     return DiskFacts(
         purpose=purpose,
         path=str(folder),
-        exists=folder.exists(),  # type: ignore[arg-type]
+        exists=folder.exists(),
         free_bytes=usage.free,
         total_bytes=usage.total,
         device=device,

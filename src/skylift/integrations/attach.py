@@ -1,8 +1,12 @@
 """Zero-line attach: skylift's callback in every Trainer a launched program builds.
 
 ``skylift launch`` runs each worker through :mod:`skylift.cli.shim`, which calls
-:func:`install` before the program's first line (unless ``--no-attach`` or
-``SKYLIFT_ATTACH=0``). :func:`install` puts one finder first on ``sys.meta_path`` that
+:func:`install` before the program's first line, and puts :data:`STARTUP_FOLDER` first
+on the workers' ``PYTHONPATH``: its ``sitecustomize.py`` installs the same hook in any
+Python process a worker starts (``trl sft`` and ``axolotl train`` re-launch through
+``accelerate launch``), at the first import of ``transformers``, ``lightning`` or
+``accelerate``. ``--no-attach`` (``SKYLIFT_ATTACH=0``) leaves the Trainers alone.
+:func:`install` puts one finder first on ``sys.meta_path`` that
 does nothing but look a module's name up in a dict of two, so a program that imports
 neither ``transformers`` nor ``lightning`` pays one dict lookup per import. When
 ``transformers.trainer`` or ``lightning.pytorch.trainer.trainer`` is executed, the
@@ -31,12 +35,26 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ATTACH_VARIABLE", "attach_enabled", "install", "uninstall"]
+__all__ = ["ATTACH_VARIABLE", "attach_enabled", "install", "startup_path", "uninstall", "with_startup_path"]
 
 ATTACH_VARIABLE = "SKYLIFT_ATTACH"
 """``0`` turns the attach off (``skylift launch --no-attach`` sets it)."""
 
 _said: set[str] = set()
+
+STARTUP_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+"""Holds the ``sitecustomize.py`` that installs the hook in every Python process that
+``skylift launch`` starts and in their Python children."""
+
+
+def startup_path() -> str:
+    return STARTUP_FOLDER
+
+
+def with_startup_path(python_path: str | None) -> str:
+    """``PYTHONPATH`` with the startup folder first (once)."""
+    entries = [entry for entry in (python_path or "").split(os.pathsep) if entry and entry != STARTUP_FOLDER]
+    return os.pathsep.join([STARTUP_FOLDER, *entries])
 
 
 def attach_enabled(environ: Any = None) -> bool:
@@ -83,11 +101,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return None
 
 
-def install() -> None:
-    """Put the finder first on ``sys.meta_path`` (idempotent); patch what is already imported."""
+def install(*, trainers: bool = True) -> None:
+    """Put the finder first on ``sys.meta_path`` (idempotent); patch what is already imported.
+
+    ``accelerate launch`` inside a skylift worker always runs its script in the worker
+    (:mod:`skylift.integrations.nested_launch`); ``trainers=False`` (``--no-attach``)
+    leaves the Trainers alone.
+    """
     if any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
         return
-    patches = {"transformers.trainer": _patch_transformers, "lightning.pytorch.trainer.trainer": _patch_lightning}
+    patches: dict[str, Callable[[ModuleType], None]] = {"accelerate.commands.launch": _patch_accelerate}
+    if trainers:
+        patches.update({"transformers.trainer": _patch_transformers,
+                        "lightning.pytorch.trainer.trainer": _patch_lightning})
     for name, patch in patches.items():
         if name in sys.modules:
             patch(sys.modules[name])
@@ -104,6 +130,12 @@ def _say(library: str, line: str) -> None:
     _said.add(library)
     print(f"skylift: {line} (skylift launch --no-attach or SKYLIFT_ATTACH=0 turns this off)",
           file=sys.stderr, flush=True)
+
+
+def _patch_accelerate(module: ModuleType) -> None:
+    from skylift.integrations.nested_launch import patch_accelerate_launch
+
+    patch_accelerate_launch(module)
 
 
 # -- Hugging Face ------------------------------------------------------------------------
@@ -138,7 +170,8 @@ def _attach_to_transformers(trainer: Any, passed: Any) -> Any:
     if passed is None or passed is True:  # True: "the newest", which must be a complete one
         found = resume_checkpoint(trainer)
         resume = found if found is not None else (None if passed is None else passed)
-        _say("transformers", f"{what}; " + (f"resuming from {found}" if found else "no complete checkpoint: fresh start"))
+        _say("transformers",
+             f"{what}; " + (f"resuming from {found}" if found else "no complete checkpoint: fresh start"))
         return resume
     _say("transformers", f"{what}; the program's own resume_from_checkpoint={passed!r} stays")
     return passed

@@ -238,8 +238,8 @@ class SkyliftCallback(pl.Callback):
         self._last_saved_step = step
 
     def _due(self, step: int) -> bool:
-        every = self.config.checkpoint.every_steps
-        return bool(every) and step % every == 0
+        every = self.config.checkpoint.every_steps or 0
+        return every != 0 and step % every == 0
 
     def _minutes_due(self) -> bool:
         minutes = self.config.checkpoint.every_minutes
@@ -249,7 +249,8 @@ class SkyliftCallback(pl.Callback):
         """``trainer.callback_metrics`` logged in training (not validation's), under names skylift does not write."""
         return {name: value.detach() if isinstance(value, torch.Tensor) else value
                 for name, value in trainer.callback_metrics.items()
-                if name not in self._eval_names and name not in RESERVED_TRAIN_FIELDS and _is_scalar(value)}  # fmt: skip
+                if name not in self._eval_names and name not in RESERVED_TRAIN_FIELDS
+                and _is_scalar(value)}  # fmt: skip
 
     def _count_flops(self, pl_module: pl.LightningModule, step: int) -> None:
         flops_per_batch = getattr(pl_module, "flops_per_batch", None)
@@ -281,7 +282,9 @@ def resume_checkpoint(where: pl.Trainer | SkyliftCallback | None = None, *,
     a newer complete checkpoint in an object-store root is copied onto local disk first.
     """
     if isinstance(where, pl.Trainer):
-        found = [callback for callback in where.callbacks if isinstance(callback, SkyliftCallback)]
+        # Lightning's callback connector sets Trainer.callbacks; the class does not declare it.
+        callbacks = where.callbacks  # type: ignore[attr-defined]
+        found = [callback for callback in callbacks if isinstance(callback, SkyliftCallback)]
         if not found:
             raise ValueError("resume_checkpoint(trainer): the Trainer has no SkyliftCallback; "
                              "add it with Trainer(callbacks=[SkyliftCallback()])")

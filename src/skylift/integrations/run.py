@@ -26,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -38,12 +38,17 @@ from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
 from skylift.errors import SkyliftError
 from skylift.loop.agreement import StopReason
-from skylift.loop.distributed import DistributedContext, exit_cleanly
+from skylift.loop.collectives import collective
+from skylift.loop.distributed import DistributedContext, exit_cleanly, new_gloo_group
 from skylift.loop.events import TrainState
 from skylift.storage import Store
 from skylift.train.services import RunServices
 
-__all__ = ["BatchCount", "FrameworkJob", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group", "exit_code_for", "resolve_config"]
+if TYPE_CHECKING:
+    from skylift.monitor.report import Report
+
+__all__ = ["BatchCount", "FrameworkJob", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group",
+           "exit_code_for", "resolve_config"]
 
 log = logging.getLogger("skylift")
 
@@ -166,7 +171,7 @@ class ScriptRun:
         self.services = RunServices(services_config, context, device=context.device, precision=precision,
                                     ddp_module=lambda: None, micro_steps=micro_steps)
         # Barriers of the commit rule run on their own gloo group, off the framework's (NCCL) traffic.
-        self._group = dist.new_group(backend="gloo") if context.is_distributed else None
+        self._group = new_gloo_group() if context.is_distributed else None
         self.state = TrainState(total_steps=0, steps_per_epoch=0, global_batch_size=0)
         self.stopped: str | None = None
         """Why the run stops (``preemption notice``, ``guard``) once the ranks agreed, else None."""
@@ -296,7 +301,8 @@ class ScriptRun:
     def barrier(self) -> None:
         """Every rank waits here (the framework's files are all written; the commit is done)."""
         if self._group is not None:
-            dist.barrier(group=self._group)
+            with collective("the framework's checkpoint barrier"):
+                dist.barrier(group=self._group)
 
     def saved(self, step: int, *, started_at_s: float, error: str | None = None,
               uploaded_at_s: float | None = None, upload_error: str | None = None) -> None:
@@ -394,7 +400,7 @@ class ScriptRun:
         run_dir.write_text_atomic(run_dir.config_path,
                                   "\n".join(header) + "\n" + yaml.safe_dump(applied, sort_keys=False))
 
-    def _say_where_it_ended(self, report: Any) -> None:
+    def _say_where_it_ended(self, report: Report | None) -> None:
         run_dir = self.services.run_dir.root
         if self.stopped:
             print(f"skylift: stopped at step {self.state.step} ({self.stopped}); run folder {run_dir}", file=sys.stderr)

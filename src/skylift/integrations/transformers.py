@@ -34,7 +34,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from transformers import TrainerCallback
@@ -48,6 +48,9 @@ from skylift.integrations.run import BatchCount, FrameworkJob, ScriptRun, check_
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 __all__ = ["PREFIX", "SkyliftCallback", "resume_checkpoint"]
 
@@ -100,8 +103,8 @@ class SkyliftCallback(TrainerCallback):
         check_process_group("the Hugging Face Trainer", args.world_size, fix=_group_fix(args))
         if state.global_step > 0 and state.global_step >= state.max_steps > 0:
             return self._nothing_to_train(args, state, control)
-        config = resolve_config(self.config_source, default_run_dir=args.output_dir)
-        self.checkpoints = checkpoints_beside(args.output_dir, PREFIX, config)
+        config = resolve_config(self.config_source, default_run_dir=_output_dir(args))
+        self.checkpoints = checkpoints_beside(_output_dir(args), PREFIX, config)
         self._batches = BatchCount.of(kwargs.get("train_dataloader"), per_rank_batch=args.per_device_train_batch_size,
                                        world_size=args.world_size, accumulation=args.gradient_accumulation_steps)
         self.run = ScriptRun(config, _context(args), precision=_precision(args),
@@ -223,7 +226,8 @@ class SkyliftCallback(TrainerCallback):
         return self.run
 
 
-def resume_checkpoint(where: Any, *, config: RunConfig | str | os.PathLike[str] | None = None,
+def resume_checkpoint(where: Trainer | str | os.PathLike[str], *,
+                      config: RunConfig | str | os.PathLike[str] | None = None,
                       wait_s: float = 1800.0) -> str | None:
     """The newest complete ``checkpoint-N/`` for ``trainer.train(resume_from_checkpoint=...)``.
 
@@ -241,16 +245,26 @@ def resume_checkpoint(where: Any, *, config: RunConfig | str | os.PathLike[str] 
         checkpoint in the mirror (``s3://``, ``oss://``, ``cos://`` or another folder) is
         first copied onto local disk, each file verified.
     """
-    output_dir = where.args.output_dir if hasattr(where, "args") else os.fspath(where)
-    if config is None and hasattr(where, "callback_handler"):
-        callback = next((c for c in where.callback_handler.callbacks if isinstance(c, SkyliftCallback)), None)
-        config = callback.config_source if callback is not None else None
+    if isinstance(where, (str, os.PathLike)):
+        output_dir = os.fspath(where)
+    else:
+        output_dir = _output_dir(where.args)
+        if config is None:
+            callback = next((c for c in where.callback_handler.callbacks if isinstance(c, SkyliftCallback)), None)
+            config = callback.config_source if callback is not None else None
     resolved = resolve_config(config, default_run_dir=output_dir)
     folder = newest_complete(checkpoints_beside(output_dir, PREFIX, resolved), wait_s=wait_s)
     return str(folder) if folder is not None else None
 
 
-def _check_arguments(args: Any) -> None:
+def _output_dir(args: TrainingArguments) -> str:
+    """``output_dir``: TrainingArguments sets its default (``trainer_output``) when built."""
+    if args.output_dir is None:
+        raise ValueError("TrainingArguments.output_dir is None: it is set when the arguments are built")
+    return args.output_dir
+
+
+def _check_arguments(args: TrainingArguments) -> None:
     if args.save_total_limit == 1:
         raise SkyliftConfigError(
             "TrainingArguments.save_total_limit=1: the Trainer deletes the older checkpoint before skylift can seal "
@@ -288,7 +302,7 @@ def _context(args: Any) -> DistributedContext:
                               local_rank=args.local_process_index, device=args.device, backend=backend)
 
 
-def _precision(args: Any) -> str:
+def _precision(args: TrainingArguments) -> str:
     if args.bf16:
         return "bf16"
     if args.fp16:

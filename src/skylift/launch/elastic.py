@@ -33,8 +33,12 @@ if TYPE_CHECKING:
     from skylift.config.distributed import ElasticNodes
 
 from skylift.errors import EXIT_REQUEUE
-from skylift.train.elastic_environment import (ELASTIC_DIR_VARIABLE, KEEP_ALIVE_ATTEMPTS, NOTICE_MARKER,
-                                               RESTART_REASON_VARIABLE)
+from skylift.train.elastic_environment import (
+    ELASTIC_DIR_VARIABLE,
+    KEEP_ALIVE_ATTEMPTS,
+    NOTICE_MARKER,
+    RESTART_REASON_VARIABLE,
+)
 
 __all__ = ["elastic_torchrun_arguments", "launch_elastic", "parse_nnodes", "rendezvous_id", "resolve_nodes"]
 
@@ -48,7 +52,7 @@ def parse_nnodes(text: str) -> tuple[int, int | None]:
         numbers = [int(part) for part in parts]
     except ValueError:
         numbers = []
-    if len(numbers) not in (1, 2) or min(numbers, default=0) < 1 or len(numbers) == 2 and numbers[0] > numbers[1]:
+    if len(numbers) not in (1, 2) or min(numbers, default=0) < 1 or (len(numbers) == 2 and numbers[0] > numbers[1]):
         raise SkyliftConfigError(f"--nnodes {text!r} is neither a node count nor MIN:MAX with 1 <= MIN <= MAX",
                                  hint="Examples: --nnodes 2 (fixed), --nnodes 1:4 (elastic: continue on 1 to 4 nodes)")
     return (numbers[0], None) if len(numbers) == 1 else (numbers[0], numbers[1])
@@ -93,7 +97,9 @@ def elastic_torchrun_arguments(topology: Any, entry: list[str], *, module: bool,
     imported here, the launcher imports this module): c10d rendezvous on the master."""
     nodes = topology.elastic
     assert nodes is not None
-    conf = {} if topology.rendezvous_host_by_name else {"is_host": "true" if topology.node_rank == 0 else "false"}
+    conf: dict[str, str | int] = {}
+    if not topology.rendezvous_host_by_name:
+        conf["is_host"] = "true" if topology.node_rank == 0 else "false"
     conf |= {  # node 0 serves the TCPStore (or, without a node rank, the endpoint's host)
         "join_timeout": _seconds(nodes.rendezvous_timeout_s),
         "last_call_timeout": _seconds(nodes.last_call_s),
@@ -180,10 +186,9 @@ def _outcome(agent: Any, result: Any, handler: Any) -> int:
 
 def _build_agent(config: Any, command: Any, command_args: list[str], folder: Path) -> tuple[Any, Any]:
     """What ``launch_agent`` builds (a rendezvous handler and the worker spec), with skylift's agent."""
-    import torch.distributed.elastic.rendezvous.registry as registry
     from torch.distributed.elastic import metrics
     from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
     from torch.distributed.launcher.api import _get_addr_and_port
 
     from skylift.launch.elastic_agent import SkyliftAgent

@@ -42,13 +42,13 @@ TORCH_PINS: dict[str, tuple[str, str]] = {
     f"{_AGENT}.local_elastic_agent:LocalElasticAgent.__init__": (
         "a372174365c44139", "_shutdown_timeout (torchrun's --shutdown-timeout), which SkyliftAgent stops with"),
     f"{_AGENT}.local_elastic_agent:LocalElasticAgent._stop_workers": (
-        "f17c6bac24436041", "SkyliftAgent._stop_workers replaces its fixed 30 s: drop the override if torch "
-        "now passes _shutdown_timeout itself"),
+        "f17c6bac24436041", ("SkyliftAgent._stop_workers replaces its fixed 30 s: drop the override if torch "
+                             "now passes _shutdown_timeout itself")),
     f"{_AGENT}.local_elastic_agent:LocalElasticAgent._shutdown": (
         "201669f13436c893", "SkyliftAgent._stop_workers calls it with a timeout"),
     f"{_RENDEZVOUS}:DynamicRendezvousHandler.shutdown": (
-        "6440ab67c243e54d", "SkyliftAgent._leave does its first half (stop the keep-alive) without closing the "
-        "rendezvous: use a public leave if torch added one"),
+        "6440ab67c243e54d", ("SkyliftAgent._leave does its first half (stop the keep-alive) without closing the "
+                             "rendezvous: use a public leave if torch added one")),
     f"{_RENDEZVOUS}:DynamicRendezvousHandler._stop_heartbeats": ("89fd118b95e4a439", "SkyliftAgent._leave calls it"),
     f"{_RENDEZVOUS}:_RendezvousExitOp": ("1207ff14faf464e0", "SkyliftAgent._leave runs it to leave the round"),
     f"{_RENDEZVOUS}:_DistributedRendezvousOpExecutor.run": (
@@ -136,14 +136,16 @@ class SkyliftAgent(LocalElasticAgent):
         """Stop the workers and take this node out of the rendezvous round without closing it
         (``shutdown()`` would close it for the survivors too). If the exit fails, the node's
         keep-alive stops and the others drop it after that many keep-alive intervals."""
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, _RendezvousExitOp
 
         group = self.get_worker_group()
         self._stop_workers(group)
         group.state = WorkerState.FAILED
         handler = group.spec.rdzv_handler
         try:
+            if not isinstance(handler, DynamicRendezvousHandler):  # c10d's handler is one
+                raise TypeError(f"{type(handler).__name__} is not torch's DynamicRendezvousHandler")
             handler._stop_heartbeats()
             handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 30)
-        except Exception as error:  # the keep-alive expiry still removes this node
+        except Exception as error:  # noqa: BLE001 - the keep-alive expiry still removes this node
             log.warning("skylift elastic: could not leave the rendezvous cleanly (%s)", error)

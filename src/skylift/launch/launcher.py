@@ -123,7 +123,7 @@ def image_script_command(command: list[str] | tuple[str, ...], project: Path, *,
 
     arguments = script_arguments(command)
     example = "Example: -- python train.py --epochs 3   (or -- -m my_package.train)"
-    if not arguments or arguments[0] == "-m" and len(arguments) < 2:
+    if not arguments or (arguments[0] == "-m" and len(arguments) < 2):
         raise SkyliftConfigError("no script after --", hint=example)
     if arguments[0] == "-m":
         return ("python", *arguments)  # a module may come from an installed package: not checked here
@@ -217,7 +217,8 @@ def launch_workers(topology: Topology, entry: list[str], *, module: bool, facts:
         if code == EXIT_REQUEUE:
             print(f"skylift: workers stopped for preemption; exit {code} (requeue to resume)", file=sys.stderr)
         else:
-            print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}", file=sys.stderr)
+            print(f"skylift: {len(error.failures)} worker(s) failed, first rank {rank}; exit code {code}",
+                  file=sys.stderr)
         return code
     return 0
 

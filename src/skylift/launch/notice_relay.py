@@ -12,6 +12,7 @@ worker that hears the SIGTERM records the cloud's deadline, not a guessed window
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,10 +71,8 @@ class NoticeRelay:
         if self._kill_timer is not None:
             self._kill_timer.cancel()
         self.notice_file.unlink(missing_ok=True)
-        try:
+        with contextlib.suppress(OSError):  # not empty: another file is not this relay's to delete
             self._folder.rmdir()
-        except OSError:
-            pass
 
     def _on_notice(self, notice: Any) -> None:
         if notice.kind == "rebalance":
@@ -113,7 +112,5 @@ def _workers() -> list[Any]:
 def _send(process: Any, signal_number: int) -> None:
     import psutil
 
-    try:
+    with contextlib.suppress(psutil.Error):  # it ended meanwhile
         process.send_signal(signal_number)
-    except psutil.Error:  # it ended meanwhile
-        pass

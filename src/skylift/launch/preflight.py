@@ -61,6 +61,7 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
     micro_batch = check_job(config, world_size)
     token_budget = config.data.batching == "token_budget"
     device = _local_device(config.device)
+    _check_recipe_device(config, device.type)
     if config.distributed.backend == "nccl" and device.type != "cuda" and world_size > 1:
         raise SkyliftConfigError(
             f"distributed.backend: nccl needs CUDA GPUs, and these {world_size} processes would train on the CPU "
@@ -84,6 +85,14 @@ def preflight(config: RunConfig, world_size: int) -> dict[str, Any]:
         "max_steps": config.schedule.max_steps,
         "run_dir": str(config.run_dir),
     }
+
+
+def _check_recipe_device(config: RunConfig, device_type: str) -> None:
+    """A recipe setting the resolved device cannot serve (a 4-bit base off CUDA), refused
+    before any worker: the settings' optional ``check_device(device_type)``."""
+    check = getattr(check_recipe_settings(config), "check_device", None)
+    if callable(check):
+        check(device_type)
 
 
 def _check_stores(config: RunConfig) -> None:

@@ -18,11 +18,12 @@ count. The exit code is the worker's own, as before: 143 still means "preempted,
 from __future__ import annotations
 
 import importlib
+import io
 import logging
 import multiprocessing
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["PRELOAD", "WORKER_NAME_PREFIX", "PreloadedWorker", "start_server"]
 
@@ -89,7 +90,7 @@ class PreloadedWorker:
         # write to every page the fork shares with the server (copy-on-write), for objects
         # the imports keep alive anyway.
         gc.freeze()
-        self.__init__(state["module"])
+        type(self).__init__(self, state["module"])
         os.environ.clear()
         os.environ.update(state["environment"])
         for target, inherited in ((1, state["stdout"]), (2, state["stderr"])):
@@ -98,7 +99,7 @@ class PreloadedWorker:
             os.close(descriptor)
         # As torchrun's `python -u`: a line a worker prints reaches the log when printed.
         for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True, write_through=True)
+            cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True, write_through=True)
 
     def __call__(self, *argv: str) -> None:
         import torch

@@ -18,13 +18,16 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from skylift.errors import EXIT_FAILURE, EXIT_GUARD, EXIT_OK, EXIT_REQUEUE
 from skylift.loop.collectives import collective
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11's; this stays an annotation
 
 __all__ = ["Decision", "StepAgreement", "StopReason"]
 
@@ -71,6 +74,19 @@ class StopReason(enum.IntEnum):
                 return reason
         raise ValueError(f"{label!r} is not a stop reason's label ({', '.join(repr(r.label) for r in cls)})")
 
+    @classmethod
+    def of_code(cls, code: int) -> StopReason:
+        """The stop the ranks exchanged as ``code`` (what ``StopReason(code)`` does; spelled out
+        because the members' three-part values give ``__new__`` three parameters).
+
+        Raises:
+            ValueError: no stop has that code.
+        """
+        for reason in cls:
+            if reason == code:
+                return reason
+        raise ValueError(f"{code!r} is not a valid StopReason")
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -84,7 +100,7 @@ class Decision:
     @property
     def stop_reason(self) -> str | None:
         """The label of the agreed stop (None: no stop)."""
-        return StopReason(self.stop_code).label
+        return StopReason.of_code(self.stop_code).label
 
 
 class StepAgreement:
@@ -101,7 +117,8 @@ class StepAgreement:
         self._save = False
         self._pending: tuple[Any, torch.Tensor] | None = None
 
-    def request_stop(self, code: StopReason, deadline_s: float | None = None, noticed_at_s: float | None = None) -> None:
+    def request_stop(self, code: StopReason, deadline_s: float | None = None,
+                     noticed_at_s: float | None = None) -> None:
         with self._lock:
             self._stop_code = max(self._stop_code, code)
             if deadline_s is not None:
@@ -156,4 +173,4 @@ class StepAgreement:
 
 def _decode(values: torch.Tensor) -> Decision:
     stop_code, negative_deadline, save, negative_noticed_at = values.tolist()
-    return Decision(StopReason(int(stop_code)), -negative_deadline, bool(save), -negative_noticed_at)
+    return Decision(StopReason.of_code(int(stop_code)), -negative_deadline, bool(save), -negative_noticed_at)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedContext", "close_process_group", "exit_cleanly", "init_distributed", "launched_by_torchrun"]
+__all__ = ["DistributedContext", "close_process_group", "exit_cleanly", "init_distributed", "launched_by_torchrun",
+           "new_gloo_group"]
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,9 @@ def init_distributed(device: str = "auto", backend: str = "auto", timeout_s: flo
         backend: ``auto`` (NCCL on CUDA, gloo on CPU), ``nccl`` or ``gloo``.
         timeout_s: how long a collective waits for a peer before failing.
     """
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch_device = _pick_device(device, local_rank)
     chosen_backend = None
     if world_size > 1:
@@ -77,6 +78,14 @@ def init_distributed(device: str = "auto", backend: str = "auto", timeout_s: flo
                 device_id=torch_device if torch_device.type == "cuda" else None,
             )
     return DistributedContext(rank, world_size, local_rank, torch_device, chosen_backend)
+
+
+def new_gloo_group() -> dist.ProcessGroup:
+    """A gloo group of every rank, for control traffic kept off the gradients' (NCCL) group."""
+    group = dist.new_group(backend="gloo")
+    if not isinstance(group, dist.ProcessGroup):  # torch's marker for a rank outside the group: every rank is in
+        raise RuntimeError(f"this rank is not in the gloo group of every rank ({group!r})")
+    return group
 
 
 def exit_cleanly(code: int) -> None:
@@ -104,7 +113,7 @@ def close_process_group(code: int) -> None:
             if code == 0:
                 dist.barrier()
             dist.destroy_process_group()
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - gloo and NCCL raise several types for a lost peer
             # A peer that died makes the barrier fail. This worker's own exit code still
             # describes its own work; the launcher reports the peer's failure.
             print(f"skylift: process group teardown failed (a peer exited early): {error}", file=sys.stderr)

@@ -84,8 +84,11 @@ class ShmFacts(_Facts):
     free_bytes: int | None = None
 
 
+DiskPurpose = Literal["run_dir", "cache", "checkpoint_local"]
+
+
 class DiskFacts(_Facts):
-    purpose: Literal["run_dir", "cache", "checkpoint_local"]
+    purpose: DiskPurpose
     path: str
     exists: bool = True
     """False when the folder is not created yet: the figures are its nearest parent's."""
@@ -157,9 +160,12 @@ class InterfaceFacts(_Facts):
     speed_mbps: int | None = None
 
 
+RdmaKind = Literal["ib", "roce", "efa", "erdma", "other"]
+
+
 class RdmaDeviceFacts(_Facts):
     name: str
-    kind: Literal["ib", "roce", "efa", "erdma", "other"] = "other"
+    kind: RdmaKind = "other"
     driver: str | None = None
     link_layer: str | None = None
     state: str | None = None

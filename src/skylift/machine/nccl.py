@@ -245,7 +245,8 @@ def candidate_interface(interfaces: list[InterfaceFacts]) -> str | None:
     """The interface NCCL should use: up, physical, InfiniBand (``ib*``) first."""
     usable = [i.name for i in interfaces if i.up and not i.loopback and not i.name.startswith(_VIRTUAL_PREFIXES)]
     infiniband = [name for name in usable if name.startswith("ib")]
-    return (infiniband or usable or [None])[0]
+    preferred = infiniband or usable
+    return preferred[0] if preferred else None
 
 
 def route_interface(address: str) -> str | None:

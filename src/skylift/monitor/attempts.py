@@ -207,7 +207,8 @@ def membership_text(record: dict[str, Any]) -> str:
     """One membership change in words: ``2 -> 1 nodes (16 -> 8 ranks) at step 40: notice, 12.5 s lost``."""
     text = (f"{record.get('old_nodes', '?')} → {record.get('new_nodes', '?')} nodes "
             f"({record.get('old_world_size', '?')} → {record.get('new_world_size', '?')} ranks) at step "
-            f"{record.get('step', '?')}: {record.get('reason', '?')}, {float(record.get('seconds_lost', 0.0)):.1f} s lost")
+            f"{record.get('step', '?')}: {record.get('reason', '?')}, "
+            f"{float(record.get('seconds_lost', 0.0)):.1f} s lost")
     steps_lost = record.get("steps_lost") or 0
     return text + (f", {steps_lost} step{'s' if steps_lost != 1 else ''} trained again" if steps_lost else "")
 

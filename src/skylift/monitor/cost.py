@@ -64,7 +64,8 @@ class CostLedger:
         self.started_at = started_at if started_at is not None else time.time()
         self._earlier_s = earlier_usd / self.usd_per_hour * 3600 if self.usd_per_hour > 0 else 0.0
 
-    def record(self, *, step: int, total_steps: int, steps_per_epoch: int, seconds_per_step: float | None) -> dict[str, Any]:
+    def record(self, *, step: int, total_steps: int, steps_per_epoch: int,
+               seconds_per_step: float | None) -> dict[str, Any]:
         """A ``cost`` record at ``step``; projections use the recent ``seconds_per_step``."""
         now = time.time()
         attempt_usd = self._usd(now - self.started_at)

@@ -119,7 +119,7 @@ def _loader_advice(context: _Context) -> str:
     cpus = context.start.get("cpu_count")
     if sweep and sweep.get("results"):
         results = {int(k): v for k, v in sweep["results"].items()}
-        best = max(results, key=results.get)
+        best = max(results, key=lambda workers_tried: results[workers_tried])
         chosen = sweep.get("chosen", workers)
         if best != chosen and chosen in results:
             gain = results[best] / results[chosen] - 1
@@ -130,7 +130,8 @@ def _loader_advice(context: _Context) -> str:
         return "data.num_workers: auto had not finished measuring when the run ended: run longer, or set a count"
     if workers is not None and cpus and workers < cpus:
         return f"set data.num_workers: auto (now {workers}, {cpus} CPUs) to measure and pick the fastest loader"
-    return "the loader uses every CPU: store pre-decoded or smaller samples, or pick an instance with more vCPUs per GPU"
+    return ("the loader uses every CPU: store pre-decoded or smaller samples, "
+            "or pick an instance with more vCPUs per GPU")
 
 
 def _compute_findings(share: float, bound: str, context: _Context) -> list[dict[str, Any]]:

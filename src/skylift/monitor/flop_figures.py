@@ -72,7 +72,8 @@ def flop_figures(attempt: Attempt) -> FlopFigures:
     world = int(start.get("world_size", 1))
     counted, per_sample = _counted(attempt, source)
     steps = [r for r in attempt.train if r.get("flops_per_step") is not None]
-    if per_sample is not None and attempt.last("flops").get("sequence_flops") and steps:
+    flops_record = attempt.last("flops")  # there is one when per_sample was counted
+    if per_sample is not None and flops_record is not None and flops_record.get("sequence_flops") and steps:
         per_sample = _token_budget_per_sample(steps, world, fresh=start.get("resumed_from_step") is None)
     achieved, basis = _achieved(attempt, steps, world, peak)
     if per_sample is None:

@@ -232,7 +232,8 @@ def _breakdown_panel(state: LiveState) -> Panel:
     elif state.train:
         wait = sum(r.get("data_wait_s", 0.0) for r in state.train) / len(state.train)
         step = sum(r.get("step_time_s", 0.0) for r in state.train) / len(state.train)
-        phases, source = {"data_wait": wait, "rest of step": max(0.0, step - wait)}, "no breakdown_s: mean of recent steps"
+        phases = {"data_wait": wait, "rest of step": max(0.0, step - wait)}
+        source = "no breakdown_s: mean of recent steps"
     else:
         return _grid("step time", [("-", "no train records yet")])
     whole = sum(phases.values()) or 1.0

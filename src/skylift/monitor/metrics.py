@@ -122,7 +122,7 @@ class MetricsLogger(Callback):
         assert state.loss is not None
         norm = state.grad_norm if state.grad_norm is not None else torch.zeros((), device=state.loss.device)
         self._pending_tensors.append(torch.stack([state.loss.float(), norm.float()]))
-        record = {
+        record: dict[str, Any] = {
             "kind": "train",
             "step": state.step,
             "epoch": state.epoch,
@@ -144,9 +144,9 @@ class MetricsLogger(Callback):
         if scalars:
             names = sorted(scalars)
             device = state.loss.device
-            values = torch.stack([torch.as_tensor(scalars[name], device=device).detach().float().reshape(())
-                                  for name in names])
-            self._pending_scalars.append((record, names, values))
+            scalar_values = torch.stack([torch.as_tensor(scalars[name], device=device).detach().float().reshape(())
+                                         for name in names])
+            self._pending_scalars.append((record, names, scalar_values))
         if state.step % self.log_every_steps == 0 or state.step >= state.total_steps:
             self.flush(state)
 
@@ -254,9 +254,10 @@ class MetricsLogger(Callback):
 
     def _mfu(self, step_flops: list[float | None], elapsed_s: float) -> float | None:
         """One rank's FLOPs over the interval / (its seconds x one device's peak)."""
-        if not self._peak_flops_per_s or elapsed_s <= 0 or any(flops is None for flops in step_flops):
+        counted = [flops for flops in step_flops if flops is not None]
+        if not self._peak_flops_per_s or elapsed_s <= 0 or len(counted) < len(step_flops):
             return None
-        return sum(step_flops) / (elapsed_s * self._peak_flops_per_s)
+        return sum(counted) / (elapsed_s * self._peak_flops_per_s)
 
     def _gather_breakdowns(self) -> list[list[dict[str, float]]]:
         """Every rank's breakdowns of the pending sampled steps: one list (by rank) per step."""

@@ -131,7 +131,8 @@ def throughput_figure(attempts: list[Attempt]) -> Figure | None:
     if _multi(attempts):
         rate_ax.legend(fontsize=8)
     if not any(r.get("mfu") is not None for a in attempts for r in a.train):
-        _empty(mfu_ax, "Model FLOPs utilisation", "no MFU in the train records\n(the peak FLOP/s or model FLOPs is unknown)")
+        _empty(mfu_ax, "Model FLOPs utilisation",
+               "no MFU in the train records\n(the peak FLOP/s or model FLOPs is unknown)")
         return figure
     for attempt in attempts:
         points = [(r["step"], 100 * r["mfu"]) for r in attempt.train if r.get("mfu") is not None]
@@ -248,7 +249,8 @@ def breakdown_figure(attempts: list[Attempt]) -> Figure | None:
     bars = share_ax.barh(names, [100 * totals[n] / whole for n in names], color=colors)
     share_ax.bar_label(bars, fmt="%.1f %%", fontsize=8, padding=3)
     share_ax.invert_yaxis()
-    share_ax.set(title="Share of step time (colours as on the left)", xlabel="% of step time (all steps shown)", xlim=(0, 110))
+    share_ax.set(title="Share of step time (colours as on the left)", xlabel="% of step time (all steps shown)",
+                 xlim=(0, 110))
     return figure
 
 

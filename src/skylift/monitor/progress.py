@@ -23,7 +23,14 @@ class ProgressBar(Callback):
         self._task: Any = None
 
     def on_fit_start(self, state: TrainState) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def write_run_report(config: Any) -> Report | None:
         return None
     try:
         return write_report(config.run_dir)
-    except Exception:  # noqa: BLE001 - the run itself succeeded; say why the report did not
+    except Exception:  # the run itself succeeded; say why the report did not
         logging.getLogger("skylift").warning("could not write the report", exc_info=True)
         return None
 
@@ -242,7 +243,7 @@ def _section_html(section: _Section) -> str:
     return "".join(parts)
 
 
-def _table(rows: list[tuple[str, str]], header: tuple[str, ...] | None = None) -> str:
+def _table(rows: Sequence[tuple[object, ...]], header: tuple[str, ...] | None = None) -> str:
     head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>" if header else ""
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows
@@ -323,7 +324,8 @@ def _breakdown_html(train: list[dict[str, Any]]) -> str:
         return ""
     totals = {name: sum(values) for name, values in phases.items()}
     whole = sum(totals.values()) or 1.0
-    rows = [(name, f"{1000 * total / len(steps):.2f} ms", f"{100 * total / whole:.1f} %") for name, total in totals.items()]
+    rows = [(name, f"{1000 * total / len(steps):.2f} ms", f"{100 * total / whole:.1f} %")
+            for name, total in totals.items()]
     return _table(rows, ("phase", "mean per step", "share")) + f'<p class="note">over {len(steps):,} steps</p>'
 
 
@@ -335,8 +337,8 @@ def _cost_html(attempts: list[Attempt]) -> str:
     rows = [("spent", usd(last["usd_spent"])), ("price", f"{usd(last['usd_per_hour'])} per hour")]
     if last.get("nodes") is not None and last.get("nodes_priced") not in (None, last["nodes"]):
         # An elastic job on fewer nodes than its price is for pays its share.
-        rows.append(("nodes charged", f"{last['nodes']} of {last['nodes_priced']} (the price is for "
-                                      f"{last['nodes_priced']})"))
+        rows.append(("nodes charged", (f"{last['nodes']} of {last['nodes_priced']} (the price is for "
+                                       f"{last['nodes_priced']})")))
     if last.get("projected_usd_total") is not None:
         rows.append(("projected total", usd(last["projected_usd_total"])))
     if last.get("projected_s_left") is not None:

@@ -327,8 +327,8 @@ def validate_record(record: dict[str, Any]) -> MetricsRecord:
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """Yield the records of a metrics file, skipping a torn last line (a killed writer)."""
     with Path(path).open(encoding="utf-8") as lines:
-        for line in lines:
-            line = line.strip()
+        for raw_line in lines:
+            line = raw_line.strip()
             if not line:
                 continue
             try:

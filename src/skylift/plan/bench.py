@@ -200,7 +200,7 @@ def _add_traffic(measurement: Measurement, resolved: dict) -> None:
     measurement.memory_op_bytes_per_sample = traffic.memory_op_bytes_per_sample
     measurement.traffic_half = half
     measurement.conv_flops_per_sample = traffic.conv_flops_per_sample
-    measurement.intensity_bins = [tuple(group) for group in traffic.intensity_bins]
+    measurement.intensity_bins = list(traffic.intensity_bins)
     measurement.traced_ops_per_micro_step = traffic.ops
 
 

@@ -34,12 +34,17 @@ check of ``benchmarks/plan_published.py``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from skylift.machine.gpus import GpuSpec, precision_class
 from skylift.plan.ddp import ddp_communication
 from skylift.plan.published import PublishedRow, WorkloadStructure, load_published, load_structures, pairs_for_scaling
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling", "predict_row",
            "seconds_per_sample", "shipped_gpu_model", "tensor_cores"]  # fmt: skip
@@ -157,7 +162,8 @@ def _scaling_class(precision: str) -> str:
     return "half" if precision_class(precision) == "half" else "32-bit"
 
 
-def _least_squares(residuals, start: list[float], lower: list[float], upper: list[float]) -> list[float]:  # noqa: ANN001
+def _least_squares(residuals: Callable[[np.ndarray], list[float]], start: list[float], lower: list[float],
+                   upper: list[float]) -> list[float]:
     """Levenberg-Marquardt on ``residuals(x)``, each step clipped into the box; numeric
     Jacobian (forward differences). Deterministic: the same rows give the same factors."""
     import numpy as np
@@ -195,10 +201,13 @@ def _fit_kind(kind: str, rows: list[PublishedRow], structures: dict) -> KindFact
     upper = [math.log(_BOUNDS[name][1]) for name in names]
     cases = [(JobStructure.of(_structure(row, structures), row.memory_format), row) for row in rows]
 
-    def factors_at(x) -> KindFactors:  # noqa: ANN001
-        return KindFactors(kind=kind, **{name: math.exp(value) for name, value in zip(names, x, strict=True)})
+    def factors_at(x: Iterable[float]) -> KindFactors:
+        values = {name: math.exp(value) for name, value in zip(names, x, strict=True)}
+        return KindFactors(kind=kind, compute_share=values["compute_share"], bandwidth_share=values["bandwidth_share"],
+                           memory_bandwidth_share=values["memory_bandwidth_share"], layout=values["layout"],
+                           seconds_per_op=values["seconds_per_op"])
 
-    def residuals(x) -> list[float]:  # noqa: ANN001
+    def residuals(x: Iterable[float]) -> list[float]:
         factors = factors_at(x)
         return [math.log(sum(seconds_per_sample(job, row.spec, _precision(row), factors, row.batch_per_gpu).values())
                          * row.per_gpu) for job, row in cases]  # fmt: skip

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BUCKET_BYTES", "BACKWARD_SHARE", "DdpCommunication", "ddp_communication"]
+__all__ = ["BACKWARD_SHARE", "BUCKET_BYTES", "DdpCommunication", "ddp_communication"]
 
 BUCKET_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb`` (25 MiB); the first bucket is 1 MiB in torch, which

@@ -83,8 +83,9 @@ def sharded_communication(*, parameters: int, memory: ModelMemory | None, shardi
             node, then the nodes (a level of one rank, or without a bandwidth, costs nothing).
         overlaps: the collectives run beside the compute (a GPU's streams; not a CPU's gloo).
     """
-    blocks = memory.block_count if memory is not None and memory.root_parameters is not None else 0
-    root = parameters if not blocks else memory.root_parameters
+    root_parameters = memory.root_parameters if memory is not None else None
+    blocks = memory.block_count if memory is not None and root_parameters is not None else 0
+    root = root_parameters if blocks and root_parameters is not None else parameters
     block = (parameters - root) / blocks if blocks else 0.0
     compute_bytes = 2 if half_precision else 4
     seconds = _collective_seconds(links)

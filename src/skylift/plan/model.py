@@ -240,7 +240,7 @@ def _compute_from_curve(m: Measurement, target: Target, measured_s: float, curve
     if share is None or not target.memory_bandwidth_bytes_per_s:
         rescale = compute_scale
     else:
-        rescale = (1.0 - share) * compute_scale + share * (_bandwidth_here(m) or 0.0) / target.memory_bandwidth_bytes_per_s
+        rescale = (1 - share) * compute_scale + share * (_bandwidth_here(m) or 0) / target.memory_bandwidth_bytes_per_s
     if m.device != target.device:
         # On a CPU the curve's fixed part is mostly small-batch inefficiency of the
         # kernels, not host dispatch: it is compute on a GPU too, scaled like the rest.
@@ -279,7 +279,7 @@ def _memory_op_share(m: Measurement) -> float | None:
 def _share_of_peak_text(m: Measurement) -> str:
     """``48.5% of peak``, or why the share is unknown (never ``nan%``)."""
     share = _efficiency_here(m)
-    if share != share:  # NaN: no FLOP count, peak or measured compute time
+    if math.isnan(share):  # NaN: no FLOP count, peak or measured compute time
         missing = "FLOPs per sample" if not m.flops_per_sample else "peak FLOP/s" if not m.peak_flops_per_s \
             else "forward/backward time"
         return f"share of peak unknown: the bench has no {missing}"

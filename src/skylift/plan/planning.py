@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from skylift.errors import SkyliftConfigError
+from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory, Sharding
 from skylift.plan.calibration import KindFactors, shipped_gpu_model
 from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
-from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory, Sharding
 from skylift.plan.model import predict_step, target_precision
 from skylift.plan.ranking import (
     Candidate,
@@ -19,7 +19,11 @@ from skylift.plan.ranking import (
     local_target,
     plan_candidates,
     predicted_hours,
+    runnable_step_time_s,
 )
+
+if TYPE_CHECKING:
+    from skylift.config.schema import RunConfig
 
 __all__ = ["Plan", "PlanChoices", "build_plan", "find_or_measure"]
 
@@ -88,7 +92,8 @@ def build_plan(choices: PlanChoices, *, log: Callable[[str], None]) -> Plan:
                                           choices.bench, log)  # fmt: skip
     # The command line wins over the config's plan section, which wins over the defaults.
     chosen = config.plan
-    rate = choices.interruptions_per_hour if choices.interruptions_per_hour is not None else chosen.interruptions_per_hour
+    rate = (choices.interruptions_per_hour if choices.interruptions_per_hour is not None
+            else chosen.interruptions_per_hour)
     restart_minutes = choices.restart_minutes if choices.restart_minutes is not None else chosen.restart_minutes
     request = PlanRequest(
         epochs=choices.epochs, deadline_hours=choices.deadline_hours, budget_usd=choices.budget_usd,
@@ -151,7 +156,7 @@ def _local_candidate(measurement: Measurement, nproc: int, threads: int | None, 
     if prediction.dropped:
         candidate.dropped.append(prediction.dropped)
     else:
-        candidate.predicted_hours = predicted_hours(measurement, prediction.step_time_s, request.epochs,
+        candidate.predicted_hours = predicted_hours(measurement, runnable_step_time_s(prediction), request.epochs,
                                                     request.global_batch_size, request.samples_per_epoch)  # fmt: skip
     return candidate
 
@@ -208,7 +213,7 @@ def _gpu_model_dict(candidates: list[Candidate]) -> dict:
             for factors in _used_kinds(candidates)}  # fmt: skip
 
 
-def _model_memory(config, measurement: Measurement) -> ModelMemory | None:  # noqa: ANN001 - RunConfig
+def _model_memory(config: RunConfig, measurement: Measurement) -> ModelMemory | None:
     """The job's model traced on meta at the measured micro-batch, as ``skylift doctor`` traces it."""
     from skylift.doctor.memory import trace_model_memory
 

@@ -17,14 +17,14 @@ from typing import Literal
 
 from skylift.catalog import InstanceRow
 from skylift.cloud.vendors import DEFAULT_INTERRUPTIONS_PER_HOUR, cloud_vendors
-from skylift.machine.memory import ModelMemory, Sharding
 from skylift.machine.gpus import gpu_spec
+from skylift.machine.memory import ModelMemory, Sharding
 from skylift.plan.measurement import Measurement
 from skylift.plan.model import StepPrediction, Target, predict_step, target_precision
 
 __all__ = ["DEFAULT_INTERRUPTIONS_PER_HOUR", "DEFAULT_RESTART_S", "DEFAULT_WORKER_RESTART_S", "Candidate",
-           "PlanRequest", "default_interruptions_per_hour", "elastic_assumptions", "interruption_rates", "local_target", "plan_candidates",
-           "row_target"]  # fmt: skip
+           "PlanRequest", "default_interruptions_per_hour", "elastic_assumptions", "interruption_rates", "local_target",
+           "plan_candidates", "row_target", "runnable_step_time_s"]  # fmt: skip
 
 
 def default_interruptions_per_hour() -> dict[str, float]:
@@ -199,6 +199,13 @@ def predicted_hours(measurement: Measurement, step_time_s: float, epochs: float,
     return epochs * steps_per_epoch * step_time_s / 3600.0
 
 
+def runnable_step_time_s(prediction: StepPrediction) -> float:
+    """The step time of a prediction that was not dropped (a dropped one has none)."""
+    if prediction.step_time_s is None:
+        raise ValueError(f"a dropped prediction has no step time ({prediction.dropped})")
+    return prediction.step_time_s
+
+
 def _request_hours(measurement: Measurement, step_time_s: float, request: PlanRequest) -> float:
     return predicted_hours(measurement, step_time_s, request.epochs, request.global_batch_size,
                            request.samples_per_epoch)  # fmt: skip
@@ -215,7 +222,7 @@ def _costed(row: InstanceRow, nodes: int, spot: bool, prediction: StepPrediction
     if prediction.dropped:
         candidate.dropped.append(prediction.dropped)
         return candidate
-    hours = _request_hours(measurement, prediction.step_time_s, request)
+    hours = _request_hours(measurement, runnable_step_time_s(prediction), request)
     hours += _checkpoint_overhead_hours(hours, measurement, request)
     if spot:
         candidate.expected_interruptions, hours = _with_interruptions(hours, row, nodes, measurement, request)
@@ -232,11 +239,12 @@ def _costed(row: InstanceRow, nodes: int, spot: bool, prediction: StepPrediction
         candidate.usd_per_epoch = candidate.predicted_usd / request.epochs
         on_demand = row.price(False)
         if spot and on_demand is not None:
-            plain_hours = _request_hours(measurement, prediction.step_time_s, request)
+            plain_hours = _request_hours(measurement, runnable_step_time_s(prediction), request)
             candidate.spot_savings_usd = on_demand * nodes * plain_hours - candidate.predicted_usd
     if request.deadline_hours is not None and hours > request.deadline_hours:
         candidate.dropped.append(f"misses the deadline ({hours:.1f} h > {request.deadline_hours:g} h)")
-    if request.budget_usd is not None and candidate.predicted_usd is not None and candidate.predicted_usd > request.budget_usd:
+    if (request.budget_usd is not None and candidate.predicted_usd is not None
+            and candidate.predicted_usd > request.budget_usd):
         candidate.dropped.append(f"over budget (${candidate.predicted_usd:,.0f} > ${request.budget_usd:,.0f})")
     return candidate
 
@@ -280,13 +288,13 @@ def elastic_assumptions(request: PlanRequest) -> list[str]:
         return []
     low, high = request.elastic_nodes
     if low == high:
-        return [f"elastic job with distributed.nodes min = max = {low}: losing a node leaves too few, so the whole "
-                "job waits out the restart, as a fixed one does"]
+        return [(f"elastic job with distributed.nodes min = max = {low}: losing a node leaves too few, so the whole "
+                 "job waits out the restart, as a fixed one does")]
     survivable = f"{high}" if low + 1 == high else f"{low + 1}..{high}"
-    return [f"elastic job (distributed.nodes {low}..{high}): on {survivable} nodes an interruption costs one "
-            f"node's relaunch (the restart / N of whole-job time; the others train on) plus two stops of all "
-            f"workers of {request.worker_restart_s:g} s (shrink, grow back; assumed, the bench measures no resume); "
-            f"on other counts the whole job waits out the restart"]
+    return [(f"elastic job (distributed.nodes {low}..{high}): on {survivable} nodes an interruption costs one "
+             f"node's relaunch (the restart / N of whole-job time; the others train on) plus two stops of all "
+             f"workers of {request.worker_restart_s:g} s (shrink, grow back; assumed, the bench measures no resume); "
+             f"on other counts the whole job waits out the restart")]
 
 
 def interruption_rates(request: PlanRequest) -> dict[str, float]:

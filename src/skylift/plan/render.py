@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from skylift.plan.planning import Plan
+    from skylift.plan.ranking import Candidate
 
 __all__ = ["render_plan"]
 
@@ -29,7 +30,7 @@ def render_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _cells(index: int | str, candidate, note: str | None = None) -> tuple[str, ...]:
+def _cells(index: int | str, candidate: Candidate, note: str | None = None) -> tuple[str, ...]:
     p = candidate.prediction
     flags = []
     if candidate.price_status == "price_unverified":
@@ -51,7 +52,7 @@ def _cells(index: int | str, candidate, note: str | None = None) -> tuple[str, .
     )  # fmt: skip
 
 
-def _usd_per_hour(candidate) -> str:  # noqa: ANN001 - Candidate
+def _usd_per_hour(candidate: Candidate) -> str:
     """The median zone's price the plan costs with, and the cheapest zone's beside it."""
     if candidate.spot_cheapest is None or candidate.usd_per_hour is None:
         return _number(candidate.usd_per_hour)
@@ -74,7 +75,8 @@ def _calibration_lines(runnable: list) -> list[str]:
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
 
 
 def _number(value: float | None) -> str:

@@ -108,5 +108,11 @@ def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) 
         flops_per_sample=totals["flops"] / per,
         ops=int(totals["ops"]),
         conv_flops_per_sample=totals["conv_flops"] / per,
-        intensity_bins=tuple(tuple(value / per for value in bins[key]) for key in sorted(bins)),
+        intensity_bins=tuple(_per_sample(bins[key], per) for key in sorted(bins)),
     )
+
+
+def _per_sample(group: list[float], samples: float) -> tuple[float, float, float]:
+    """One intensity bin's (FLOPs, bytes moved, convolutions' bytes), per sample."""
+    flops, moved, convolution_moved = group
+    return flops / samples, moved / samples, convolution_moved / samples

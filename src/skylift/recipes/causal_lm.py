@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +109,8 @@ class CausalLM(Recipe):
         val = self._sequences(val_rows, "recipe.val_path (or the held-out data.val_fraction)")
         if isinstance(val, DocumentSequences):
             # Evaluation sums over every sequence, in any order: by length, its batches pad little.
-            val = val.subset(sorted(range(len(val)), key=lambda index: val.lengths[index]))
+            documents = val
+            val = documents.subset(sorted(range(len(documents)), key=lambda index: documents.lengths[index]))
         self._log_data(train_rows, val_rows, train, val)
         return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
 
@@ -126,7 +127,8 @@ class CausalLM(Recipe):
         def encode(texts: list[str], special: bool) -> list[list[int]]:
             return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
 
-        documents = encode_documents(rows, encode, int(self.tokenizer.eos_token_id), mask_prompt=self.settings.mask_prompt)
+        eos = int(self.tokenizer.eos_token_id)
+        documents = encode_documents(rows, encode, eos, mask_prompt=self.settings.mask_prompt)
         if self.settings.packing:
             return PackedBlocks(documents, self.settings.sequence_length, field=field)
         return DocumentSequences(documents, self.settings.sequence_length)
@@ -134,16 +136,31 @@ class CausalLM(Recipe):
     def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
         labelled = int((train.labels != IGNORE_INDEX).sum()) if isinstance(train, PackedBlocks) else sum(
             int((labels != IGNORE_INDEX).sum()) for _, labels in train.sequences)  # fmt: skip
-        shape = (f"{len(train)} packed blocks of {self.settings.sequence_length} tokens" if isinstance(train, PackedBlocks)
-                 else f"{len(train)} sequences (up to {self.settings.sequence_length} tokens; {train.truncated} cut there)")
+        length = self.settings.sequence_length
+        shape = (f"{len(train)} packed blocks of {length} tokens" if isinstance(train, PackedBlocks)
+                 else f"{len(train)} sequences (up to {length} tokens; {train.truncated} cut there)")
         log.info("causal_lm: %d training and %d validation documents; training: %s, %d labelled tokens; "
                  "validation: %d sequences", len(train_rows), len(val_rows), shape, labelled, len(val))  # fmt: skip
 
     def build_model(self, data: DatasetSplit | None = None) -> nn.Module:
         """The model in fp32: the folder's weights, or the tiny Llama drawn from the run's
-        seed. Under a meta default device (``with torch.device("meta")``: a memory
-        estimate, or a sharded run that loads :meth:`weights_source` itself), the
-        architecture only."""
+        seed; with ``recipe.lora``, frozen under PEFT's adapters, its state dict the
+        adapters' only (:mod:`skylift.recipes.adapters`). Under a meta default device
+        (``with torch.device("meta")``: a memory estimate, or a sharded run that loads
+        :meth:`weights_source` itself), the architecture only."""
+        model = self._base_model()
+        if self.settings.lora is None:
+            return model
+        from skylift.recipes.adapters import apply_lora, check_quantization
+
+        check_quantization(self.settings.lora, self._device_type())
+        return apply_lora(model, self.settings.lora)
+
+    def _device_type(self) -> str:
+        device = self.config.device
+        return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+    def _base_model(self) -> nn.Module:
         transformers = _transformers()
         if torch.get_default_device().type == "meta":
             return transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
@@ -162,8 +179,9 @@ class CausalLM(Recipe):
         return model
 
     def weights_source(self) -> Path | None:
-        """The model folder, when it holds safetensors weights (the tiny Llama has none)."""
-        if self.folder is None or not any(self.folder.glob("*.safetensors")):
+        """The model folder, when it holds safetensors weights (the tiny Llama has none;
+        with adapters the parameters' names are PEFT's, not the folder's)."""
+        if self.folder is None or self.settings.lora is not None or not any(self.folder.glob("*.safetensors")):
             return None
         return self.folder
 
@@ -194,13 +212,22 @@ class CausalLM(Recipe):
         return {"loss": loss, "perplexity": math.exp(loss) if loss < 709.0 else math.inf}
 
     def export_pretrained(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *,
-                          dtype: torch.dtype = torch.float32) -> list[Path]:
+                          dtype: torch.dtype = torch.float32, merged: bool = False) -> list[Path]:
         """The model of :meth:`model_config` holding ``state_dict``, and the tokenizer, as
-        ``save_pretrained`` writes them (safetensors), in ``dtype``.
+        ``save_pretrained`` writes them (safetensors), in ``dtype``. With ``recipe.lora``,
+        ``state_dict`` holds the adapters: PEFT's adapter folder (``adapter_config.json``,
+        ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base, folder)`` loads
+        it), or with ``merged`` the base with the adapters merged in (``merge_and_unload``).
 
         Raises:
             SkyliftConfigError: ``state_dict`` does not fit the architecture (names the keys).
         """
+        if self.settings.lora is not None:
+            return self._export_adapters(state_dict, out_dir, dtype=dtype, merged=merged)
+        if merged:
+            raise SkyliftConfigError("--merged: this run trained every weight (recipe.lora is null), so there are "
+                                     "no adapters to merge", hint="Export without --merged: the folder is the "
+                                     "whole model already")  # fmt: skip
         transformers = _transformers()
         with torch.device("meta"):  # no memory for weights that are replaced next
             model = transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
@@ -214,9 +241,28 @@ class CausalLM(Recipe):
                 f"{missing[:5]}, unexpected {list(unexpected)[:5]}", hint="Export with the config the run trained")
         model.tie_weights()
         model.to(dtype)
+        return self._save_pretrained(model, out_dir)
+
+    def _export_adapters(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *, dtype: torch.dtype,
+                         merged: bool) -> list[Path]:
+        """The base built as the run built it, the trained adapters loaded over it."""
+        model = self.build_model()
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if missing or unexpected:
+            raise SkyliftConfigError(
+                f"the checkpoint does not fit {self.settings.model_path} with recipe.lora {self.settings.lora}: "
+                f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}",
+                hint="Export with the config the run trained (a full fine-tune's weights hold no adapters)")
+        if merged:
+            model = cast(Any, model).merge_and_unload()  # a PeftModel's
+        model.to(dtype)
+        return self._save_pretrained(model, out_dir)
+
+    def _save_pretrained(self, model: nn.Module, out_dir: Path) -> list[Path]:
+        transformers = _transformers()
         transformers.logging.disable_progress_bar()  # one "Writing model shards" bar per call otherwise
         try:
-            model.save_pretrained(str(out_dir))
+            cast(Any, model).save_pretrained(str(out_dir))  # a Hugging Face (or PEFT) model's
         finally:
             transformers.logging.enable_progress_bar()
         self.tokenizer.save_pretrained(str(out_dir))

@@ -15,6 +15,7 @@ it is written beside ``OUT`` and renamed into place, so ``OUT`` is never half wr
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -53,15 +54,20 @@ class ExportResult:
     dtype: str
     recipe: str
     files: list[str] = field(default_factory=list)
+    layout: str = "model"
+    """``model`` (the whole model), ``adapters`` (a PEFT adapter folder: load it over the
+    base with ``PeftModel.from_pretrained``) or ``merged`` (the adapters merged into the base)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def export_run(run_dir: Path, out_dir: Path, *, source: Source = "auto", dtype: str = "fp32",
-               overrides: tuple[str, ...] = (), force: bool = False) -> ExportResult:
+               overrides: tuple[str, ...] = (), force: bool = False, merged: bool = False) -> ExportResult:
     """Write the run's newest trained weights (see the module's docstring) to ``out_dir``
-    in the recipe's own format, with ``dtype`` weights.
+    in the recipe's own format, with ``dtype`` weights. A run that trained adapters
+    (``recipe.lora``) gives PEFT's adapter folder, or with ``merged`` the model with the
+    adapters merged in.
 
     Raises:
         SkyliftConfigError: ``run_dir`` is not a run folder, its recipe cannot export,
@@ -76,6 +82,9 @@ def export_run(run_dir: Path, out_dir: Path, *, source: Source = "auto", dtype: 
                                  "defines export_pretrained; the weights are in RUN_DIR/model.safetensors")  # fmt: skip
     if dtype not in DTYPES:
         raise SkyliftConfigError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if merged and "merged" not in inspect.signature(recipe_class(config).export_pretrained).parameters:
+        raise SkyliftConfigError(f"--merged: recipe {config.recipe.name} trains no adapters to merge",
+                                 hint="Export without --merged")
     _refuse_existing(out_dir, force)
     chosen, step, reason, weights = _weights(run_dir, config, source)
     recipe = build_recipe(config)
@@ -83,14 +92,21 @@ def export_run(run_dir: Path, out_dir: Path, *, source: Source = "auto", dtype: 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        written = recipe.export_pretrained(weights, staging, dtype=DTYPES[dtype])
+        # Only asked of a recipe when set: a recipe of the user's need not know the keyword.
+        flags = {"merged": True} if merged else {}
+        written = recipe.export_pretrained(weights, staging, dtype=DTYPES[dtype], **flags)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return ExportResult(str(out_dir), chosen, step, reason, dtype, config.recipe.name,
-                        [str(out_dir / path.name) for path in written])
+                        [str(out_dir / path.name) for path in written], _layout(config, merged))
+
+
+def _layout(config: Any, merged: bool) -> str:
+    adapters = (config.recipe.model_extra or {}).get("lora") is not None
+    return "adapters" if adapters and not merged else "merged" if adapters else "model"
 
 
 def _run_config(run_dir: Path, overrides: tuple[str, ...]) -> Any:

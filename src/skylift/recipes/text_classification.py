@@ -84,8 +84,8 @@ class TextClassification(Recipe):
         tokenized = TokenizedText(self._encode(texts), labels)
         # Evaluation order does not matter (it sums over every sample): sorted by length,
         # each evaluation batch holds texts of similar length and little padding.
-        val_index = sorted(val_index.tolist(), key=lambda index: tokenized.lengths[index])
-        train, val = tokenized.subset(train_index.tolist()), tokenized.subset(val_index)
+        val_order = sorted(val_index.tolist(), key=lambda index: tokenized.lengths[index])
+        train, val = tokenized.subset(train_index.tolist()), tokenized.subset(val_order)
         log.info("text: %d training and %d validation texts, %d classes, mean %.1f tokens",
                  len(train), len(val), len(classes), sum(train.lengths) / len(train))  # fmt: skip
         self.num_classes = self.num_classes or len(classes)

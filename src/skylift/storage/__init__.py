@@ -21,15 +21,15 @@ from skylift.storage.errors import (
 from skylift.storage.retry import RetryPolicy
 
 __all__ = [
+    "SUPPORTED_SCHEMES",
     "RetryPolicy",
-    "Store",
     "StorageError",
     "StorageFullError",
     "StorageNotFoundError",
     "StoragePermanentError",
     "StoragePreconditionFailed",
     "StorageTransientError",
-    "SUPPORTED_SCHEMES",
+    "Store",
     "check_store_url",
     "open_store",
 ]

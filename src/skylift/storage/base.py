@@ -7,6 +7,7 @@ atomic: a reader sees the old object, the new object, or nothing, never a part.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Callable, Iterable
 
 Chunks = Callable[[], Iterable[bytes | memoryview]]
@@ -63,7 +64,7 @@ class Store(abc.ABC):
     def delete(self, keys: Iterable[str]) -> None:
         """Delete the keys; missing ones are ignored."""
 
-    def temporary_keys(self, prefix: str = "") -> list[str]:
+    def temporary_keys(self, prefix: str = "") -> builtins.list[str]:  # builtins: `list` is the method above
         """The temporary files killed writers left under ``prefix``, sorted: :meth:`list`
         never shows them, so start-up cleanups look here for folders holding only them.
         Stores that write without temporaries (an object store's uploads) have none."""

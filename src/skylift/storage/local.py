@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import uuid
@@ -59,8 +60,7 @@ class LocalStore(Store):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(temporary, "wb") as handle:
-                for chunk in make_chunks():
-                    handle.write(chunk)
+                handle.writelines(make_chunks())
                 handle.flush()
                 os.fsync(handle.fileno())
             self._publish(temporary, target, if_absent=if_absent)
@@ -96,10 +96,10 @@ class LocalStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return self._walk(prefix, temporaries=False)
 
-    def temporary_keys(self, prefix: str = "") -> list[str]:
+    def temporary_keys(self, prefix: str = "") -> builtins.list[str]:  # builtins: `list` is the method above
         return self._walk(prefix, temporaries=True)
 
-    def _walk(self, prefix: str, *, temporaries: bool) -> list[str]:
+    def _walk(self, prefix: str, *, temporaries: bool) -> builtins.list[str]:
         """The keys under ``prefix``: published files, or (``temporaries``) only temporaries."""
         base = self.path(prefix) if prefix else self.root
         if base.is_file():

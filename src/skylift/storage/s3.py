@@ -9,6 +9,7 @@ standard credential chain and never appear in a message.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -35,7 +36,8 @@ _TRANSIENT_CODES = {
     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "ConditionalRequestConflict",
     "OperationAborted", "500", "502", "503", "504",
 }
-_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired"}
+_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                     "TokenRefreshRequired"}
 # Environment variables naming the endpoint of each scheme's S3-compatible API.
 _ENDPOINT_VARIABLES = {
     "s3": ("SKYLIFT_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -167,7 +169,7 @@ class S3Store(Store):
     def _abort(self, key: str, upload: dict[str, str]) -> None:
         try:
             self._client.abort_multipart_upload(**upload)
-        except Exception as error:  # the upload failed already; report that, not this
+        except Exception as error:  # noqa: BLE001 - the upload failed already; report that, not this
             log.warning(
                 "could not abort the multipart upload of %s (%s); its parts stay billed until a lifecycle rule "
                 "for incomplete multipart uploads removes them",
@@ -224,7 +226,7 @@ class S3Store(Store):
         for offset in range(0, len(pending), 1000):  # DeleteObjects takes at most 1,000 keys
             batch = pending[offset : offset + 1000]
             self._call(
-                lambda batch=batch: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}),
+                functools.partial(self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch}),
                 "",
                 "delete",
             )
@@ -249,7 +251,7 @@ class S3Store(Store):
         where = self.describe(key)
         if is_transient_aws_error(error):
             return StorageTransientError(f"{code or status} (HTTP {status})")
-        if code in ("PreconditionFailed",) or status == 412:
+        if code == "PreconditionFailed" or status == 412:
             return StoragePreconditionFailed(f"{where} already exists")
         if code == "NoSuchBucket":
             return StoragePermanentError(

@@ -52,8 +52,9 @@ def new_client(endpoint_url: str | None, config: Any) -> Any:
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    # Another thread of the parent may have held the lock at the fork: the child replaces it.
+    global _lock  # noqa: PLW0603 - the module's lock is what every caller takes, so the module's name is rebound
+    _lock = threading.Lock()
     for client in list(_clients):
         try:
             client._endpoint.http_session.close()

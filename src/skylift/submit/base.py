@@ -116,7 +116,7 @@ class Platform:
 
 
 _platforms: dict[str, Platform] = {}
-_scanned = False
+_scanned = threading.Event()
 _lock = threading.RLock()
 
 
@@ -145,11 +145,10 @@ def unregister_platform(name: str) -> None:
 
 def _scan() -> None:
     """Import every module of :mod:`skylift.submit` that declares ``PLATFORM``, once."""
-    global _scanned
     with _lock:
-        if _scanned:
+        if _scanned.is_set():
             return
-        _scanned = True
+        _scanned.set()
         package = importlib.import_module("skylift.submit")
         for module_info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
             if module_info.name.startswith("_") or module_info.ispkg:

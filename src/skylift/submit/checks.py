@@ -11,10 +11,10 @@ credential reaches the message.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from skylift.errors import SkyliftConfigError
@@ -63,7 +63,7 @@ def require(problems: Sequence[Problem], command: Sequence[str] | None = None) -
 
 
 def _set_keys(arguments: Sequence[str]) -> set[str]:
-    return {value.partition("=")[0] for flag, value in zip(arguments, arguments[1:]) if flag == "--set"}
+    return {value.partition("=")[0] for flag, value in itertools.pairwise(arguments) if flag == "--set"}
 
 
 def _without(command: Sequence[str], flags: Sequence[str], set_keys: set[str]) -> list[str]:
@@ -109,7 +109,7 @@ def common_problems(image: str | None, *, checkpoint_enabled: bool, checkpoint_r
                     platform: str = "the platform") -> list[Problem]:
     """What every platform needs: an image and a checkpoint root on an object store
     (``stores``: the schemes the platform reads; ``None``: any object store)."""
-    found = []
+    found: list[Problem | None] = []
     if not image:
         found.append(Problem("--image (submit.image)", "no container image; build one with: skylift dockerfile "
                              "--config CONFIG (a script: skylift dockerfile -- python SCRIPT), then push it",

@@ -15,14 +15,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import PlatformTopology, platforms
 
 __all__ = [
     "FILESYSTEM_ROOT",
+    "FilledTopology",
     "PlatformTopology",
     "TopologyFlags",
     "detect_platform_topology",
@@ -48,6 +50,18 @@ class TopologyFlags:
     master_port: int | None = None
 
 
+@dataclass(frozen=True)
+class FilledTopology:
+    """The topology flags once each unset one took the platform's value or its default."""
+
+    nproc: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int | None
+    """``None``: torchrun's default port."""
+
+
 # Defaults of the topology flags when neither a flag nor the platform gives a value.
 _DEFAULTS = TopologyFlags(nproc=1, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=None)
 _FLAGS = {"nproc": "--nproc", "nnodes": "--nnodes", "node_rank": "--node-rank", "master_addr": "--master-addr",
@@ -69,7 +83,7 @@ def detect_platform_topology(environ: Mapping[str, str] | None = None,
 
 
 def fill_from_platform(flags: TopologyFlags,
-                       environ: MutableMapping[str, str] | None = None) -> tuple[TopologyFlags, float | None]:
+                       environ: MutableMapping[str, str] | None = None) -> tuple[FilledTopology, float | None]:
     """Each flag left unset (``None``) from the platform, else its default; and the
     platform's grace period (``None`` if it has none).
 
@@ -88,15 +102,16 @@ def fill_from_platform(flags: TopologyFlags,
               file=sys.stderr)
         for name in found.node_level_variables:
             environ.pop(name, None)
-    filled = {}
+    filled: dict[str, Any] = {}
     for field in fields(TopologyFlags):
         name = field.name
         given = getattr(flags, name)
         if given is None:
-            filled[name] = detected.get(name, getattr(_DEFAULTS, name))
+            given = detected.get(name, getattr(_DEFAULTS, name))
         elif found is not None and name in detected and detected[name] != given:
             print(f"skylift: {_FLAGS[name]} {given} overrides {found.platform}'s {detected[name]}", file=sys.stderr)
-    return replace(flags, **filled), (found.grace_s if found is not None else None)
+        filled[name] = given
+    return FilledTopology(**filled), (found.grace_s if found is not None else None)
 
 
 def integer(environ: Mapping[str, str], name: str) -> int:

@@ -36,9 +36,11 @@ from typing import Any
 
 from skylift.cloud.redact import redact
 from skylift.cloud.vendors import kubernetes_flavours
-from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.config.distributed import ElasticNodes
 from skylift.config.script_environment import PLATFORM_VARIABLE
+from skylift.config.submit import SubmitConfig
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
+from skylift.submit import elastic
 from skylift.submit.base import (
     JobRef,
     JobState,
@@ -49,10 +51,8 @@ from skylift.submit.base import (
     import_sdk,
     vendor_errors,
 )
-from skylift.submit.environment import integer, optional_integer
-from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
-from skylift.submit import elastic
+from skylift.submit.environment import integer, optional_integer
 from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]

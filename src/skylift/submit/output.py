@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from skylift.submit.base import JobRef, JobStatus, SubmitRequest, platform_info
 from skylift.cloud.redact import redact
+from skylift.submit.base import JobRef, JobStatus, SubmitRequest, platform_info
 
 __all__ = ["exit_code", "print_request", "print_status", "print_submitted", "request_document"]
 
@@ -20,7 +20,7 @@ __all__ = ["exit_code", "print_request", "print_status", "print_submitted", "req
 def request_document(request: SubmitRequest) -> dict[str, Any]:
     """The request as one JSON-able mapping, secrets redacted: every ``submit.envs`` value
     whatever its name, every URL's user-info, every credential of this environment."""
-    document = {
+    document: dict[str, Any] = {
         "platform": request.platform,
         "operation": request.operation,
         "target": request.target,

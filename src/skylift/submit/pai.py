@@ -21,7 +21,9 @@ from typing import Any
 
 from skylift.config.distributed import ElasticNodes
 from skylift.config.script_environment import PLATFORM_VARIABLE
+from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
+from skylift.submit import elastic
 from skylift.submit.base import (
     JobRef,
     JobState,
@@ -33,10 +35,8 @@ from skylift.submit.base import (
     guarded,
     import_sdk,
 )
-from skylift.submit.environment import has_node_level, node_level
-from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
-from skylift.submit import elastic
+from skylift.submit.environment import has_node_level, node_level
 from skylift.submit.spec import JobSpec
 
 __all__ = [
@@ -57,7 +57,7 @@ DATA_MOUNT = "/mnt/skylift/data"
 DEFAULT_SPOT_DISCOUNT_LIMIT = 0.9
 RECLAIM_GRACE_S = 300
 """ECS releases a reclaimed spot instance about five minutes after the notice."""
-_RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|evict|release", re.I)
+_RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|evict|release", re.IGNORECASE)
 _STATES: dict[str, JobState] = {
     "Creating": "pending", "Queuing": "pending", "Dequeued": "pending", "EnvPreparing": "pending",
     "Running": "running", "Restarting": "running", "Stopping": "running", "Succeeded": "succeeded",
@@ -158,7 +158,7 @@ def _credential() -> Any:
     try:
         credential = CredentialClient()  # the vendor's default chain: env, config file, RAM role...
         credential.get_credential()
-    except Exception as error:  # noqa: BLE001 - the chain raises several unrelated types
+    except Exception as error:  # the chain raises several unrelated types
         raise credentials_error("pai", _CREDENTIALS_HINT) from error
     return credential
 

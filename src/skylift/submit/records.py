@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from skylift.cloud.redact import redact
 from skylift.errors import SkyliftConfigError
 from skylift.submit.base import JobRef
-from skylift.cloud.redact import redact
 from skylift.submit.script import script_job_from_inputs
 from skylift.submit.spec import JobSpec, endpoint_for, job_from_inputs
 

@@ -18,7 +18,9 @@ from typing import Any
 
 from skylift.config.distributed import ElasticNodes
 from skylift.config.script_environment import PLATFORM_VARIABLE
+from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
+from skylift.submit import elastic
 from skylift.submit.base import (
     JobRef,
     JobState,
@@ -30,9 +32,7 @@ from skylift.submit.base import (
     import_sdk,
     vendor_errors,
 )
-from skylift.config.submit import SubmitConfig
 from skylift.submit.checks import Problem, request_problems, require
-from skylift.submit import elastic
 from skylift.submit.environment import optional_integer
 from skylift.submit.spec import SHUTDOWN_MARGIN_S, JobSpec, parse_store_url
 

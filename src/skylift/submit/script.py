@@ -34,7 +34,7 @@ SCRIPT_KEYS = ("checkpoint.root", "checkpoint.enabled", "run_dir", "preemption.g
 # A flag whose name ends in a credential's word (--hub_token, --api-key), not one that
 # merely holds it (--max_new_tokens, --tokenizer_name).
 _SECRET_FLAG = re.compile(r"^--?[\w-]*?(token|secret|password|passwd|credentials?|(private|access|api|secret)[_-]?key)"
-                          r"(=|$)", re.I)
+                          r"(=|$)", re.IGNORECASE)
 
 
 def script_job_from_inputs(script: Sequence[str], config_path: str | None, overrides: Sequence[str],

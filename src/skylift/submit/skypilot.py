@@ -24,14 +24,14 @@ from typing import Any
 
 import yaml
 
-from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.config.distributed import ElasticNodes
 from skylift.config.script_environment import PLATFORM_VARIABLE
-from skylift.submit.base import JobRef, JobState, JobStatus, Platform, PlatformError, PlatformTopology, SubmitRequest
-from skylift.submit.environment import integer, optional_integer
 from skylift.config.submit import SubmitConfig
-from skylift.submit.checks import Problem, request_problems, require
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.submit import elastic
+from skylift.submit.base import JobRef, JobState, JobStatus, Platform, PlatformError, PlatformTopology, SubmitRequest
+from skylift.submit.checks import Problem, request_problems, require
+from skylift.submit.environment import integer, optional_integer
 from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "logs", "problems", "send", "status", "stop", "task_yaml"]

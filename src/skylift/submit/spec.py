@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -25,6 +25,9 @@ from skylift.config.distributed import ElasticNodes
 from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
 from skylift.submit.checks import common_problems, parse_store_url, request_problems, require
+
+if TYPE_CHECKING:
+    from skylift.config.schema import RunConfig
 
 __all__ = [
     "SHUTDOWN_MARGIN_S",
@@ -117,7 +120,7 @@ class JobSpec:
         return replace(self, name=_clip(f"{base}-r{attempt}"), attempt=attempt)
 
 
-def load_run_and_submit(path: str, overrides: list[str]):  # noqa: ANN201 - (RunConfig, SubmitConfig)
+def load_run_and_submit(path: str, overrides: list[str]) -> tuple[RunConfig, SubmitConfig]:
     """The run config and its ``submit`` section, from the YAML and ``--set`` overrides."""
     from skylift.config.load import load_config
     from skylift.recipes.settings import BUILTIN_SETTINGS, builtin_settings

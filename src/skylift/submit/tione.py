@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from skylift.cloud.redact import is_secret_name
 from skylift.config.distributed import ElasticNodes
 from skylift.config.script_environment import PLATFORM_VARIABLE
 from skylift.config.submit import SubmitConfig
 from skylift.errors import SkyliftConfigError
+from skylift.submit import elastic
 from skylift.submit.base import (
     JobRef,
     JobState,
@@ -39,16 +41,14 @@ from skylift.submit.base import (
     guarded,
     import_sdk,
 )
-from skylift.submit.environment import has_node_level, node_level
-from skylift.cloud.redact import is_secret_name
 from skylift.submit.checks import Problem, request_problems, require
-from skylift.submit import elastic
+from skylift.submit.environment import has_node_level, node_level
 from skylift.submit.spec import JobSpec, parse_store_url
 
 __all__ = ["OBJECT_STORES", "build", "logs", "problems", "send", "status", "stop"]
 
 _DATA_ROOT = "/opt/ml/input/data"
-_RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|竞价|回收", re.I)
+_RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|竞价|回收", re.IGNORECASE)
 _STATES: dict[str, JobState] = {
     "SUBMITTING": "pending", "STARTING": "pending", "RUNNING": "running", "STOPPING": "running",
     "STOPPED": "stopped", "FAILED": "failed", "SUCCEED": "succeeded", "SUBMIT_FAILED": "failed",

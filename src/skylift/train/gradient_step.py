@@ -7,6 +7,7 @@ What changes with the job's batch shape, world size and sharding strategy:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext
 from skylift.train.sharding import Sharding, clip_gradients, global_grad_norm, local_gradients
 
@@ -43,7 +45,8 @@ class GradientStep:
         self.collective_device = torch.device("cpu")
         """Where tensors for collectives on the default group live (NCCL: the device; gloo: host)."""
         self._parameters: list[nn.Parameter] = []
-        self._ddp_options = {"find_unused_parameters": find_unused_parameters, "bucket_cap_mb": bucket_cap_mib}
+        self._ddp_options: dict[str, Any] = {"find_unused_parameters": find_unused_parameters,
+                                             "bucket_cap_mb": bucket_cap_mib}
 
     @property
     def sync_gradients(self) -> bool:
@@ -75,10 +78,12 @@ class GradientStep:
         """Backward of the micro-step loss, averaged over the accumulation group."""
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        # DDP all-reduces the gradients from hooks inside backward.
+        with collective("the gradient all-reduce (DDP, in backward)") if self.ddp is not None else nullcontext():
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
 
     def step(self) -> bool:
         """Step at the end of an accumulation group (unscale, clip, step, update the

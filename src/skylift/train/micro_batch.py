@@ -176,10 +176,13 @@ class _ShardedRank:
                     hint="Set data.micro_batch_size to a number.")  # fmt: skip
         self.model = ModelMemory.of(model, config.optim,
                                     blocks=select_blocks(model, config.distributed.fsdp.block_types))  # fmt: skip
-        self.sharding = Sharding.of(config.distributed, runtime.dist.world_size)
-        if runtime.device.type == "cpu" and self.sharding.cpu_offload:
+        sharding = Sharding.of(config.distributed, runtime.dist.world_size)
+        if sharding is None:  # a _ShardedRank is made only under strategy: fsdp
+            raise ValueError("a sharded rank's sizes need distributed.strategy: fsdp")
+        if runtime.device.type == "cpu" and sharding.cpu_offload:
             # Offloading on a CPU moves nothing: host memory is the device's.
-            self.sharding = dataclasses.replace(self.sharding, cpu_offload=False)
+            sharding = dataclasses.replace(sharding, cpu_offload=False)
+        self.sharding = sharding
         self.half = runtime.precision.autocast_dtype in (torch.bfloat16, torch.float16)
         self.trial_weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -212,8 +215,9 @@ def _slice(batch: Any, size: int) -> Any:
         return dataclasses.replace(batch, **fields)
     if isinstance(batch, Mapping):
         items = {key: _slice(value, size) for key, value in batch.items()}
+        mapping_type: Any = type(batch)  # dict, OrderedDict, BatchEncoding: each takes one mapping
         try:
-            return type(batch)(items)
+            return mapping_type(items)
         except TypeError:
             return items
     if isinstance(batch, (list, tuple)):

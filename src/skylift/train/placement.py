@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -48,12 +48,14 @@ class Placement:
             model = model.to(self.device)  # a model on meta gets its memory when sharded (train.sharding)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        model._skylift_placed = True
+        # Module.__setattr__ takes any value; torch's annotation names only tensors and modules.
+        model._skylift_placed = True  # type: ignore[assignment]
         return model
 
     def compiled(self, model: nn.Module) -> nn.Module:
         """``model`` under ``torch.compile`` when asked for (outermost, around any DDP wrapper)."""
-        return torch.compile(model, mode=self.compile_mode) if self.compile else model
+        # torch.compile of a module returns a module (an OptimizedModule); its annotation says Callable.
+        return cast(nn.Module, torch.compile(model, mode=self.compile_mode)) if self.compile else model
 
     def to_device(self, batch: Any) -> Any:
         """Move tensors (in tuples, lists and dicts) to the device, asynchronously when pinned."""

@@ -19,7 +19,7 @@ mid-epoch says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from skylift.data.sampler import GlobalBatchSampler
 from skylift.loop.distributed import DistributedContext
 
-__all__ = ["PreparedLoader", "batch_size_of", "prepare_eval_loader", "prepare_loader"]
+__all__ = ["EvalLoader", "PreparedLoader", "batch_size_of", "prepare_eval_loader", "prepare_loader"]
 
 log = logging.getLogger("skylift")
 
@@ -138,11 +138,11 @@ def _global_sampler(loader: DataLoader, accumulation_steps: int, context: Distri
         return None
     shuffle = isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
     global_batch = loader.batch_size * context.world_size * accumulation_steps
-    return GlobalBatchSampler(len(loader.dataset), global_batch, accumulation_steps, rank=context.rank,
+    return GlobalBatchSampler(_length(loader.dataset), global_batch, accumulation_steps, rank=context.rank,
                               world_size=context.world_size, seed=seed, shuffle=shuffle)
 
 
-class _EvalLoader:
+class EvalLoader:
     """Iterate an evaluation loader with batches on the device (not timed as training)."""
 
     def __init__(self, loader: DataLoader, runtime: Any) -> None:
@@ -171,9 +171,9 @@ def batch_size_of(batch: Any) -> int:
     return len(batch) if hasattr(batch, "__len__") else 0  # a batch type of the recipe's own
 
 
-def prepare_eval_loader(loader: DataLoader, runtime: Any, context: DistributedContext) -> _EvalLoader:
+def prepare_eval_loader(loader: DataLoader, runtime: Any, context: DistributedContext) -> EvalLoader:
     """An evaluation loader: contiguous per-rank shards (every sample once), batches on the device."""
-    return _EvalLoader(_shard_for_eval(loader, context), runtime)
+    return EvalLoader(_shard_for_eval(loader, context), runtime)
 
 
 def _shard_for_eval(loader: DataLoader, context: DistributedContext) -> DataLoader:
@@ -191,10 +191,17 @@ def _shard_for_eval(loader: DataLoader, context: DistributedContext) -> DataLoad
 
     return DataLoader(
         loader.dataset,
-        batch_sampler=ShardedEvalSampler(len(loader.dataset), loader.batch_size, rank=context.rank,
+        batch_sampler=ShardedEvalSampler(_length(loader.dataset), loader.batch_size, rank=context.rank,
                                          world_size=context.world_size),
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
         persistent_workers=loader.persistent_workers,
     )
+
+
+def _length(dataset: object) -> int:
+    """A map-style dataset's length (a sampler over it needs one)."""
+    if not isinstance(dataset, Sized):
+        raise TypeError(f"{type(dataset).__name__} has no len(): a sampler over it needs one")
+    return len(dataset)

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -49,9 +50,18 @@ from skylift.loop.events import TrainState
 from skylift.train.gradient_step import GradientStep
 from skylift.train.placement import Placement
 from skylift.train.precision import PrecisionPolicy
-from skylift.train.prepared_loader import PreparedLoader, prepare_eval_loader, prepare_loader
-from skylift.train.sharding import Sharding, check_sharding_options, lockstep, sharding_for
+from skylift.train.prepared_loader import EvalLoader, PreparedLoader, prepare_eval_loader, prepare_loader
+from skylift.train.runtime_options import runtime_options
+from skylift.train.sharding import Sharding, lockstep, sharding_for
 from skylift.train.step_meter import StepMeter
+
+if TYPE_CHECKING:
+    from skylift.config.schema import RunConfig
+    from skylift.loop.events import Callback
+    from skylift.monitor.breakdown import StepClock
+    from skylift.monitor.report import Report
+    from skylift.monitor.watch import RunMonitor
+    from skylift.train.services import RunServices
 
 __all__ = ["Runtime"]
 
@@ -116,9 +126,9 @@ class Runtime:
         self._loader: PreparedLoader | None = None
         self._extra: dict[str, Any] | None = None
         self.seed = 0
-        self.config: Any = None
+        self.config: RunConfig | None = None
         """The run configuration (``from_config`` only): read your own settings from it."""
-        self.services: Any = None
+        self.services: RunServices | None = None
         """The run's :class:`~skylift.train.services.RunServices` (``from_config`` only)."""
         self.state = TrainState(total_steps=0, steps_per_epoch=0, global_batch_size=0)
         """Where the run is: step, epoch, samples seen (shared with the Trainer's loop)."""
@@ -129,14 +139,14 @@ class Runtime:
         """``data.micro_batch_size: auto`` not yet settled by trials (see :meth:`set_accumulation_steps`)."""
 
     @classmethod
-    def from_config(cls, config: Any, context: DistributedContext | None = None, *,
-                    overrides: list[str] | tuple[str, ...] = (), callbacks: Any = ()) -> Runtime:
+    def from_config(cls, config: RunConfig | str | os.PathLike[str], context: DistributedContext | None = None, *,
+                    overrides: Sequence[str] = (), callbacks: Sequence[Callback] = ()) -> Runtime:
         """Build from a :class:`~skylift.config.RunConfig` or the path of its YAML file
         (``overrides``: ``section.key=value`` strings, as ``--set`` takes them), with
         checkpoints, preemption handling and monitoring as the config says."""
         from skylift.train.services import RunServices, seed_everything
 
-        if not hasattr(config, "checkpoint"):
+        if isinstance(config, (str, os.PathLike)):
             from skylift.config.load import load_config
 
             config = load_config(str(config), list(overrides))
@@ -145,7 +155,7 @@ class Runtime:
         # skylift launch / submit -- SCRIPT name the platform's run folder and checkpoint root.
         config = apply_to(config)
         seed_everything(config.seed, config.deterministic)
-        runtime = cls._compute_from_config(config, context)
+        runtime = cls(**runtime_options(config), context=context)
         if config.data.micro_batch_size is not None:
             runtime.accumulation_steps = config.with_micro_batch(
                 config.micro_batch_size(runtime.dist.world_size), runtime.dist.world_size).accumulation.steps
@@ -159,30 +169,6 @@ class Runtime:
         )
         runtime.state.total_steps = config.schedule.max_steps or 0
         return runtime
-
-    @classmethod
-    def _compute_from_config(cls, config: Any, context: DistributedContext | None) -> Runtime:
-        checkpointing = config.activation_checkpointing
-        if config.distributed.strategy == "fsdp":  # every conflict at once, before the process group
-            check_sharding_options(precision=config.precision, channels_last=config.channels_last,
-                                   cpu_offload=config.distributed.fsdp.cpu_offload, ema_decay=config.optim.ema_decay)
-        return cls(
-            precision=config.precision,
-            accumulation_steps=config.accumulation.steps,
-            grad_clip_norm=config.optim.grad_clip_norm,
-            device=config.device,
-            backend=config.distributed.backend,
-            timeout_s=config.distributed.timeout_s,
-            compile=config.compile.enabled,
-            compile_mode=config.compile.mode,
-            channels_last=config.channels_last,
-            activation_checkpointing=checkpointing.module_types if checkpointing.enabled else None,
-            find_unused_parameters=config.distributed.find_unused_parameters,
-            bucket_cap_mib=config.distributed.bucket_cap_mib,
-            strategy=config.distributed.strategy,
-            fsdp=config.distributed.fsdp,
-            context=context,
-        )
 
     @property
     def sharding(self) -> Sharding | None:
@@ -245,7 +231,7 @@ class Runtime:
                     self.sharding.adopt_optimizer(item)
                 self.gradients.optimizer = item
             elif isinstance(item, DataLoader):
-                item = self.prepare_dataloader(item, train=self._loader is None)
+                item = self.prepare_dataloader(item, train=self._loader is None)  # noqa: PLW2901 - given back prepared
             elif item is not None and hasattr(item, "step") and hasattr(item, "get_last_lr"):
                 self.gradients.scheduler = item
             prepared.append(item)
@@ -281,7 +267,7 @@ class Runtime:
         self._model = model
         return self.placement.compiled(wrapped)
 
-    def prepare_dataloader(self, loader: DataLoader, *, train: bool = True) -> Any:
+    def prepare_dataloader(self, loader: DataLoader, *, train: bool = True) -> PreparedLoader | EvalLoader:
         """A training loader: sharded, on the device, resumable. ``train=False``: an
         evaluation loader, split into contiguous per-rank shards (no sample dropped)."""
         if not train:
@@ -352,7 +338,8 @@ class Runtime:
 
         self._extra = extra
         objects = TrainingObjects(model=self._require_model(), optimizer=self.gradients.require_optimizer(),
-                                  scheduler=self.gradients.scheduler, scaler=self.scaler, loader=self._loader, extra=extra)
+                                  scheduler=self.gradients.scheduler, scaler=self.scaler, loader=self._loader,
+                                  extra=extra)
         step = services.resume(objects, self.state) or 0
         self._last_logged_step = step
         self._run_started = time.perf_counter()
@@ -411,7 +398,8 @@ class Runtime:
         state.extra.pop("scalars", None)
         return stop
 
-    def finish(self, save_model: Any = None, *, started_at: float | None = None) -> tuple[float, float]:
+    def finish(self, save_model: Callable[[], None] | None = None, *,
+               started_at: float | None = None) -> tuple[float, float]:
         """The final save (``checkpoint.save_at_end``, unless stopped), the final weights
         (``save_model``: a callable that writes them; default the prepared model's to
         ``RUN_DIR/model.safetensors``), ``run_end`` and the diagnosis. Returns (training
@@ -436,7 +424,8 @@ class Runtime:
         from skylift.loop.agreement import StopReason
 
         code = exit_code if exit_code is not None else 0
-        if self.services is not None:
+        services = self.services
+        if services is not None:
             from skylift.monitor.report import write_run_report
 
             report = None
@@ -444,21 +433,22 @@ class Runtime:
                 _, samples_per_s = self.finish()
                 report = write_run_report(self.config) if self.dist.is_main else None  # before exporters close
             finally:
-                self.services.close()
+                services.close()
             stopped = StopReason.of_label(self.stopped)
             if exit_code is None:
                 code = stopped.exit_code
             preempted = stopped is StopReason.PREEMPTED
             if self.dist.is_main:
-                self._say_where_it_ended(samples_per_s, preempted, report)
-            if self.services.unsaved is not None:  # the final checkpoint failed: not a success
+                self._say_where_it_ended(services, samples_per_s, preempted, report)
+            if services.unsaved is not None:  # the final checkpoint failed: not a success
                 code = EXIT_FAILURE if exit_code is None else exit_code
                 if self.dist.is_main:
-                    print(f"skylift: {self.services.unsaved}", file=sys.stderr)
+                    print(f"skylift: {services.unsaved}", file=sys.stderr)
         exit_cleanly(code)
 
-    def _say_where_it_ended(self, samples_per_s: float, preempted: bool, report: Any) -> None:
-        run_dir = self.services.run_dir.root
+    def _say_where_it_ended(self, services: RunServices, samples_per_s: float, preempted: bool,
+                            report: Report | None) -> None:
+        run_dir = services.run_dir.root
         ending = f"stopped at step {self.state.step} ({self.stopped})" if self.stopped else f"{self.state.step} steps"
         print(f"skylift: {ending}, {samples_per_s:,.0f} samples/s; run folder {run_dir}", file=sys.stderr)
         if preempted:
@@ -468,25 +458,26 @@ class Runtime:
                   file=sys.stderr)
 
     @property
-    def _clock(self) -> Any:
+    def _clock(self) -> StepClock | None:
         return self.services.clock if self.services is not None else None
 
     @property
-    def _monitor(self) -> Any:
+    def _monitor(self) -> RunMonitor | None:
         return self.services.monitor if self.services is not None else None
 
-    def final_model_writer(self, model: nn.Module) -> Any:
+    def final_model_writer(self, model: nn.Module) -> Callable[[], None] | None:
         """What writes ``model``'s weights to ``RUN_DIR/model.safetensors`` on rank 0. Under
         FSDP (and ``checkpoint.save_final_model``) every rank gathers them here: a collective."""
         from safetensors.torch import save_model
 
-        path = str(self._require_services("finish").run_dir.model_path)
+        services = self._require_services("finish")
+        path = str(services.run_dir.model_path)
         if self.sharding is None:
             return lambda: save_model(self.unwrap(model), path)
-        wanted = self.services.config.checkpoint.save_final_model
+        wanted = services.config.checkpoint.save_final_model
         return self.sharding.weights_writer(self.unwrap(model), path) if wanted else None
 
-    def _require_services(self, call: str) -> Any:
+    def _require_services(self, call: str) -> RunServices:
         if self.services is None:
             raise RuntimeError(
                 f"runtime.{call}() needs a run configuration (checkpoint, preemption, monitor, run_dir): "

@@ -17,13 +17,14 @@ The order of a run::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,8 +35,10 @@ from skylift.checkpoint.faults import fault_point
 from skylift.checkpoint.lease import LeaseLostError
 from skylift.cloud.redact import redact_config
 from skylift.config.schema import RunConfig
+from skylift.errors import SkyliftError
 from skylift.loop.agreement import Decision, StepAgreement, StopReason
-from skylift.loop.distributed import DistributedContext
+from skylift.loop.collectives import collective
+from skylift.loop.distributed import DistributedContext, new_gloo_group
 from skylift.loop.events import Callback, Event, EventBus, TrainState
 from skylift.monitor.breakdown import StepClock
 from skylift.monitor.exporters import check_exporters as _check_exporters
@@ -44,10 +47,15 @@ from skylift.monitor.metrics import MetricsLogger
 from skylift.monitor.progress import ProgressBar
 from skylift.monitor.watch import RunMonitor
 from skylift.run_dir import RunDirectory
-from skylift.train.membership import MembershipWatch
-from skylift.errors import SkyliftError
 from skylift.storage import StorageTransientError
+from skylift.train.membership import MembershipWatch
 from skylift.train.preemption import PreemptionWatch
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from skylift.checkpoint.session import Checkpointing, TrainingObjects
+    from skylift.monitor.exporters.hub import ExportHub
 
 __all__ = ["RunNotSavedError", "RunServices", "seed_everything"]
 
@@ -89,7 +97,8 @@ class RunServices:
     """
 
     def __init__(self, config: RunConfig, context: DistributedContext, *, device: torch.device, precision: str,
-                 ddp_module: Callable[[], Any], micro_steps: int, callbacks: Sequence[Callback] = ()) -> None:
+                 ddp_module: Callable[[], nn.Module | None], micro_steps: int,
+                 callbacks: Sequence[Callback] = ()) -> None:
         _check_exporters(config.monitor.exporters)  # a missing package stops the run before any work
         self.config = config
         self.context = context
@@ -111,10 +120,10 @@ class RunServices:
             self.events.add(self.membership)
         # Collectives for step-boundary decisions run on their own gloo group, so they
         # never queue behind (or stall) the NCCL gradient traffic.
-        control_group = dist.new_group(backend="gloo") if context.is_distributed else None
+        control_group = new_gloo_group() if context.is_distributed else None
         self.agreement = StepAgreement(control_group, distributed=context.is_distributed)
         self.preemption = PreemptionWatch(config.preemption, self.agreement, local_rank=context.local_rank)
-        self.checkpointing: Any = None
+        self.checkpointing: Checkpointing | None = None
         if config.checkpoint.enabled:
             from skylift.checkpoint.session import Checkpointing
 
@@ -129,7 +138,7 @@ class RunServices:
         if context.is_main:
             self.metrics.observers.append(self.guards.observe)
         self._control_group = control_group
-        self.exports: Any = None  # the ExportHub on rank 0 with monitor.exporters, from start()
+        self.exports: ExportHub | None = None  # on rank 0 with monitor.exporters, from start()
         self.clock = StepClock(
             config.monitor.breakdown_every_steps, device,
             checkpoint_stall_s=self.checkpointing.stall_s if self.checkpointing is not None else lambda: (0.0, 0.0),
@@ -160,12 +169,15 @@ class RunServices:
         if self.checkpointing is not None:
             self.checkpointing.open()
 
-    def resume(self, objects: Any, state: TrainState) -> int | None:
+    def resume(self, objects: TrainingObjects | None, state: TrainState) -> int | None:
         """Restore the checkpoint ``checkpoint.resume`` selects into ``objects`` and
-        ``state``; then start the run (config written, watchers on, FIT_START)."""
+        ``state``; then start the run (config written, watchers on, FIT_START). ``None``:
+        a framework that restores its own (checkpoints off here)."""
         self.open()
         self._refuse_past_budget()
         if self.checkpointing is not None:
+            if objects is None:
+                raise ValueError("checkpoint.enabled: resume needs the model, optimizer and loader to restore")
             self.resumed_from_step = self.checkpointing.resume(objects, state)
             if self.membership is not None and self.resumed_from_step is not None:
                 from skylift.checkpoint.manifest import read_manifest
@@ -256,7 +268,8 @@ class RunServices:
                                      self.config.monitor.guards)
         if self.context.is_distributed:
             holder = [refusal]
-            dist.broadcast_object_list(holder, src=0, group=self._control_group)
+            with collective("the guards' decision (broadcast from rank 0)"):
+                dist.broadcast_object_list(holder, src=0, group=self._control_group)
             refusal = holder[0]
         if refusal:
             raise SkyliftConfigError(refusal, hint="Nothing was resumed; the last checkpoint stands.")
@@ -324,13 +337,13 @@ class RunServices:
         limit_s = self.config.checkpoint.unreachable_limit_s
         if down_s >= limit_s and self.root_problem is None:
             self._lose_root(
-                f"the checkpoint root {self.checkpointing.store.describe()} has been unreachable for {down_s:.0f} s, "
+                f"the checkpoint root {self._checkpoints().store.describe()} has been unreachable for {down_s:.0f} s, "
                 f"past checkpoint.unreachable_limit_s ({limit_s:g} s); last error: {error}"
             )
 
     def _lose_root(self, problem: str) -> None:
         self.root_problem = problem
-        self.checkpointing.manager.cancel_in_flight()
+        self._checkpoints().manager.cancel_in_flight()
         self.agreement.request_stop(StopReason.ROOT_LOST)
 
     def _stop_for_lost_root(self, state: TrainState) -> None:
@@ -354,14 +367,15 @@ class RunServices:
         """Why the state at the end of the run is not committed to the root, or None."""
         if not self.config.checkpoint.save_at_end or state.stop_requested is not None:
             return None  # nothing to commit, or a stop whose own exit code says so
-        if self.resumed_from_step == state.step and not self.checkpointing.manager.history:
+        history = self._checkpoints().manager.history
+        if self.resumed_from_step == state.step and not history:
             return None  # resumed at the end: the checkpoint it resumed from is the final state
-        attempts = [result for result in self.checkpointing.manager.history if result.step == state.step]
+        attempts = [result for result in history if result.step == state.step]
         final = attempts[-1] if attempts else None
         if final is not None and final.committed and final.uploaded is not False:
             return None
         why = "it was never saved" if final is None else (final.upload_error or final.error or "unknown error")
-        return (f"the final state (step {state.step}) is not committed to {self.checkpointing.store.describe()}: "
+        return (f"the final state (step {state.step}) is not committed to {self._checkpoints().store.describe()}: "
                 f"{why}; {self._newest_committed()}")
 
     def _save_final_model(self, save_model: Callable[[], None]) -> None:
@@ -371,10 +385,8 @@ class RunServices:
             save_model()
         except (OSError, SafetensorError) as error:
             path = self.run_dir.model_path
-            try:
+            with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)  # a torn file must not pass for the model
-            except OSError:
-                pass
             committed = f"; {self._newest_committed()}" if self.checkpointing is not None else ""
             raise RunNotSavedError(
                 f"could not write the final model {path}: {type(error).__name__}: {error}; free space on that disk "
@@ -389,7 +401,13 @@ class RunServices:
         if step is None:
             return "no checkpoint is committed: a new start begins from step 0"
         return (f"the newest committed checkpoint is step {step} "
-                f"({checkpointing.store.describe(f'step-{step}')}): run the same command again to resume from it")
+                f"({self._checkpoints().store.describe(f'step-{step}')}): run the same command again to resume from it")
+
+    def _checkpoints(self) -> Checkpointing:
+        """The checkpointing of a run that has it (save records and a resumed step come only from it)."""
+        if self.checkpointing is None:
+            raise RuntimeError("checkpoint.enabled is false: this run has no checkpoints")
+        return self.checkpointing
 
     def close_exports(self) -> None:
         """Send what the exporters still hold and close them (after the report, which some upload)."""

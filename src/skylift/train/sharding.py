@@ -27,7 +27,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,9 @@ from skylift.loop.collectives import collective
 from skylift.train.placement import Placement
 from skylift.train.precision import PrecisionPolicy
 from skylift.train.sharding_options import check_sharding_options
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = [
     "DEFAULT_BLOCK_TYPES",
@@ -151,7 +154,7 @@ class Sharding:
         self.weights_source: Path | None = None
         """A folder of safetensors files (by parameter name) to load a model built on the
         ``meta`` device from, each rank only its shards (set before :meth:`apply`)."""
-        self.root: nn.Module | None = None
+        self.root: FSDPModule | None = None
         self.blocks: list[nn.Module] = []
         self.created_process_group = False
         self._replaced: dict[int, nn.Parameter] = {}
@@ -181,12 +184,12 @@ class Sharding:
             fully_shard(block, **options)
         if not blocks:
             self._compile(model)
-        fully_shard(model, **options)
+        root = fully_shard(model, **options)
         if any(parameter.is_meta for parameter in model.parameters()):
             self._materialize(model)
         after = dict(model.named_parameters(remove_duplicate=False))
         self._replaced = {id(parameter): after[name] for name, parameter in before.items()}
-        self.root = model
+        self.root = root
         if blocks:
             log.info("fsdp: %d block(s) of %s sharded over %d rank(s), then the root", len(blocks), kinds,
                      dist.get_world_size())  # fmt: skip
@@ -233,7 +236,9 @@ class Sharding:
         keeps, so the file matches an unsharded run's."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # A model's state holds only tensors; the annotation is the optimizer's value type too.
+        state = cast(dict[str, torch.Tensor],
+                     get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
         for duplicate in tied_duplicates(model):
             state.pop(duplicate, None)
         return state
@@ -327,8 +332,9 @@ def load_local_shards(model: nn.Module, folder: Path) -> int:
                                  + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""),
                                  hint="Point the recipe at the folder save_pretrained wrote for this model.")
     by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
-    for key, name in chosen.items():
-        by_file.setdefault(where[name], []).append((name, tensors[key]))
+    for key, chosen_name in chosen.items():
+        if chosen_name is not None:  # every one is: a missing name was refused above
+            by_file.setdefault(where[chosen_name], []).append((chosen_name, tensors[key]))
     with torch.no_grad():
         for path, entries in by_file.items():
             with safe_open(str(path), framework="pt") as handle:

@@ -13,7 +13,7 @@ from typing import Any
 
 from skylift.train.prepared_loader import batch_size_of
 
-__all__ = ["StepMeter", "StepMeasures"]
+__all__ = ["StepMeasures", "StepMeter"]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,7 @@ from skylift.data.loaders import (
     samples_in_step,
     with_workers,
 )
+from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import Callback, Event, TrainState
 from skylift.recipes import build_recipe
@@ -34,6 +35,9 @@ from skylift.train.ema import WeightAverage
 from skylift.train.optim import build_lr_schedule, build_optimizer
 from skylift.train.runtime import Runtime
 from skylift.train.services import seed_everything
+
+if TYPE_CHECKING:
+    from skylift.monitor.watch import RunMonitor
 
 __all__ = ["RunSummary", "Trainer"]
 
@@ -105,10 +109,12 @@ class Trainer:
         self.recipe = recipe or build_recipe(config)
         self.runtime = Runtime.from_config(config, context, callbacks=callbacks)
         services = self.runtime.services
+        if services is None:  # from_config always builds them; a Runtime made by hand has none
+            raise RuntimeError("the Trainer needs a Runtime built by Runtime.from_config")
         # The parts the loop shares with a hand-written one (skylift.train.services).
         self.services = services
-        self.run_dir, self.events, self.metrics, self.monitor = (
-            services.run_dir, services.events, services.metrics, services.monitor)
+        self.run_dir, self.events, self.metrics = services.run_dir, services.events, services.metrics
+        self.monitor: RunMonitor | _FlopsOnMetaCopy = services.monitor
         if self.runtime.sharding is not None:
             self.runtime.sharding.keep_meta_copy = config.monitor.mfu
             self.monitor = _FlopsOnMetaCopy(services.monitor, self.runtime.sharding)
@@ -194,7 +200,7 @@ class Trainer:
         whose trials run it."""
         sharding = self.runtime.sharding
         source = self.recipe.weights_source() if sharding is not None else None
-        if source is None or self.config.data.micro_batch_size == "auto":
+        if sharding is None or source is None or self.config.data.micro_batch_size == "auto":
             return self.recipe.build_model(data).train()
         sharding.weights_source = source
         with torch.device("meta"):
@@ -313,8 +319,8 @@ class Trainer:
         module = parts.ema.module if parts.ema is not None else self.runtime.unwrap(parts.model)
         module.eval()
         totals: dict[str, torch.Tensor] = {}
-        for batch, counted in self.runtime.evaluation_batches(parts.val_loader):
-            batch = self.runtime.to_device(batch)
+        for host_batch, counted in self.runtime.evaluation_batches(parts.val_loader):
+            batch = self.runtime.to_device(host_batch)
             with self.runtime.precision.autocast(self.runtime.device.type):
                 sums = self.recipe.eval_sums(module, batch)
             if not counted:
@@ -325,7 +331,8 @@ class Trainer:
         keys = sorted(totals)
         stacked = torch.stack([totals[key] for key in keys]) if keys else torch.zeros(0)
         if self.runtime.dist.is_distributed:
-            dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+            with collective("the evaluation totals (all_reduce)"):
+                dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
         return self.recipe.summarize(dict(zip(keys, stacked.tolist(), strict=True)))
 
     def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None,
@@ -379,9 +386,10 @@ class Trainer:
             return None, None
         flat = torch.cat([p.detach().reshape(-1).float() for p in self.runtime.unwrap(model).parameters()])
         reference = flat.clone()
-        dist.broadcast(reference, src=0)
-        local = (flat - reference).abs().max()
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        with collective("the check that every rank holds the same weights (broadcast, all_reduce)"):
+            dist.broadcast(reference, src=0)
+            local = (flat - reference).abs().max()
+            dist.all_reduce(local, op=dist.ReduceOp.MAX)
         max_diff = float(local)
         return max_diff == 0.0, max_diff
 

@@ -8,6 +8,8 @@ notes cited per rule.
 
 from __future__ import annotations
 
+from skylift.doctor.tables import version_tuple
+from skylift.doctor.verdicts import Finding, Status, rule
 from skylift.machine.facts import Facts
 from skylift.machine.nccl import (
     AZURE_NDV5_TOPOLOGY_FILE,
@@ -16,8 +18,6 @@ from skylift.machine.nccl import (
     selected_interfaces,
     uses_nccl,
 )
-from skylift.doctor.tables import version_tuple
-from skylift.doctor.verdicts import Finding, rule
 
 __all__ = [
     "azure_ndv5_has_topology",
@@ -85,7 +85,7 @@ def efa_has_plugin(facts: Facts) -> Finding | None:
     if loadable:
         return Finding("pass", f"EFA devices ({', '.join(efa)}) and the NCCL net plugin {loadable[0]}")
     multi_node = facts.job is not None and facts.job.nnodes > 1
-    status = "fail" if multi_node else "warn"
+    status: Status = "fail" if multi_node else "warn"
     reason = (
         f"EFA devices ({', '.join(efa)}) but no NCCL net plugin on the loader path: NCCL falls back to "
         'TCP sockets (no "Using network AWS Libfabric" in the NCCL_DEBUG=INFO log)'

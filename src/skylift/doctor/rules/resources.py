@@ -26,7 +26,7 @@ SMALL_SHM_BYTES = 1024**3
 _SHM_HEADROOM = 2  # batches being collated and pinned while the prefetched ones wait
 
 
-def format_bytes(count: int | float) -> str:
+def format_bytes(count: float) -> str:
     """``67108864`` -> ``'64 MiB'``; binary units, as ``df -h`` and ``free -h`` print."""
     value = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -160,7 +160,7 @@ def memory_fits_device(facts: Facts) -> Finding | None:
     # cpu_offload moves the sharded state to host RAM: on a CPU that is the same memory.
     total = estimate.total_bytes + (0 if capacities else estimate.host_bytes)
     text = f"about {format_bytes(total)} per rank ({_memory_parts(estimate)}) of {format_bytes(capacity)} on {where}"
-    host = _offloaded_state_finding(facts, estimate) if capacities else None
+    host = _offloaded_state_finding(facts, job, estimate) if capacities else None
     if host is not None:
         return host
     fix = (
@@ -178,13 +178,13 @@ def memory_fits_device(facts: Facts) -> Finding | None:
     return Finding("pass", text)
 
 
-def _offloaded_state_finding(facts: Facts, estimate: MemoryEstimate) -> Finding | None:
+def _offloaded_state_finding(facts: Facts, job: JobFacts, estimate: MemoryEstimate) -> Finding | None:
     """FSDP ``cpu_offload``: every rank of this node keeps its sharded state in host RAM."""
-    needed = estimate.host_bytes * facts.job.nproc
+    needed = estimate.host_bytes * job.nproc
     available = facts.memory.available_bytes
     if not needed or not available or needed <= available:
         return None
-    return Finding("fail", f"out of host memory: {facts.job.nproc} rank(s) x {format_bytes(estimate.host_bytes)} "
+    return Finding("fail", f"out of host memory: {job.nproc} rank(s) x {format_bytes(estimate.host_bytes)} "
                    f"of state offloaded by distributed.fsdp.cpu_offload > {format_bytes(available)} available RAM",
                    "set distributed.fsdp.cpu_offload: false, use more ranks to shard over, or a machine with more RAM")
 

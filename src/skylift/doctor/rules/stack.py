@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from skylift.machine.facts import Facts, GpuFacts
 from skylift.doctor.tables import (
     DRIVER_BRANCH_EOL,
     OLDEST_LISTED_BRANCH,
@@ -17,6 +16,7 @@ from skylift.doctor.tables import (
     wheels_with_capability,
 )
 from skylift.doctor.verdicts import Finding, rule
+from skylift.machine.facts import Facts, GpuFacts
 
 if TYPE_CHECKING:
     from skylift.train.precision import DeviceInfo

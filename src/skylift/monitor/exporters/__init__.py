@@ -11,6 +11,7 @@ it at each flush and carry their ``node_rank``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 __all__ = ["EXPORTERS", "VENDOR_MODULES", "Exporter", "RunInfo", "build_exporter", "check_exporters"]
@@ -26,7 +27,7 @@ VENDOR_MODULES = {"cloudwatch": "boto3", "aliyun_cms": "alibabacloud_cms20190101
 """The module each sink imports (checked on every rank before the run starts)."""
 
 
-def check_exporters(names: list[str]) -> None:
+def check_exporters(names: Sequence[str]) -> None:
     """Every rank, and ``skylift check``: a named exporter's package is importable (else
     the pip command, before any work)."""
     import importlib.util

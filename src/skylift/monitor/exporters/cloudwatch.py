@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def metric_data(record: dict[str, Any], dimensions: list[dict[str, str]], *, sto
     kind = record.get("kind")
     stamp = datetime.datetime.fromtimestamp(record.get("time", 0), tz=datetime.timezone.utc)
 
-    def datum(name: str, value: Any, unit: str, extra: list[dict[str, str]] = ()) -> dict[str, Any] | None:
+    def datum(name: str, value: Any, unit: str, extra: Sequence[dict[str, str]] = ()) -> dict[str, Any] | None:
         if value is None:
             return None
         return {"MetricName": name, "Value": float(value), "Unit": unit, "Timestamp": stamp,
@@ -38,7 +39,8 @@ def metric_data(record: dict[str, Any], dimensions: list[dict[str, str]], *, sto
     figures: list[dict[str, Any] | None] = []
     if kind == "train":
         step_s = record.get("step_time_s") or 0.0
-        wait_share = 100.0 * record["data_wait_s"] / step_s if step_s and record.get("data_wait_s") is not None else None
+        has_wait = step_s and record.get("data_wait_s") is not None
+        wait_share = 100.0 * record["data_wait_s"] / step_s if has_wait else None
         figures = [datum("Loss", record.get("loss"), "None"),
                    datum("SamplesPerSecond", record.get("samples_per_s"), "Count/Second"),
                    datum("MFU", 100.0 * record["mfu"] if record.get("mfu") is not None else None, "Percent"),

@@ -89,7 +89,8 @@ class ExportHub:
             batch = self._take()
         if self.dropped:
             log.warning("exporters: %d records dropped (the queue of %d was full)", self.dropped, self._max_queued)
-        if all([self._call(exporter, "close") for exporter in opened]):
+        closed = [self._call(exporter, "close") for exporter in opened]  # every one, even after a failure
+        if all(closed):
             _save_state(self._state_path, exported_records=self._exported)
 
     def _take(self) -> list[dict[str, Any]]:

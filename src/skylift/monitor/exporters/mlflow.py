@@ -114,7 +114,8 @@ def _tags(run: RunInfo) -> dict[str, str]:
 
     tags = {"skylift.version": __version__, "skylift.run_id": run.run_id}
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                check=False)
         if commit.returncode == 0:
             tags["mlflow.source.git.commit"] = commit.stdout.strip()
     except (OSError, subprocess.SubprocessError):

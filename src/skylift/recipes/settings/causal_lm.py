@@ -2,17 +2,61 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
+from skylift.config.section import Section
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.settings.base import RecipeSettings
 
-__all__ = ["TINY_LLAMA", "CausalLMSettings"]
+__all__ = ["TINY_LLAMA", "CausalLMSettings", "LoraSettings"]
 
 TINY_LLAMA = "builtin:tiny-llama"
 """``recipe.model_path`` of the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`)."""
+
+
+class LoraSettings(Section):
+    """``recipe.lora``: low-rank adapters (LoRA, Hu et al. 2021) through PEFT's
+    ``get_peft_model``; the base model's weights stay frozen."""
+
+    rank: int = Field(default=16, ge=1, le=4096)
+    """The rank r of each adapter: a targeted layer of shape (out, in) gains r x (in + out)
+    trainable parameters."""
+    alpha: float = Field(default=32.0, gt=0)
+    """The adapter's output is scaled by alpha / rank (PEFT's ``lora_alpha``)."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input while training (PEFT's ``lora_dropout``)."""
+    target_modules: list[str] | None = None
+    """Names of the linear layers that get adapters (a layer matches when its dotted name
+    is the name or ends with ``.NAME``, as in PEFT). ``null``: every linear layer except
+    the output head, by the names the model uses (Llama: q_proj, k_proj, v_proj, o_proj,
+    gate_proj, up_proj, down_proj). A name that matches no layer is an error listing the
+    model's linear layers."""
+    modules_to_save: list[str] | None = None
+    """Layers trained whole beside the adapters (PEFT's ``modules_to_save``), e.g.
+    ``[lm_head]`` for a model whose output head must learn too (the tiny Llama starts from
+    random weights); they are checkpointed and exported with the adapters. ``null``: none."""
+    quantize_base: Literal["nf4"] | None = None
+    """QLoRA: hold the frozen base in 4-bit NF4 through bitsandbytes, computing in bf16.
+    Needs a CUDA GPU; a CPU run is refused before it starts."""
+
+    def check_run(self, config: Any) -> None:
+        """A 4-bit base on a run that asks for the CPU is refused here (``skylift check``);
+        ``device: auto`` is resolved by ``skylift run``'s preflight (:meth:`check_device`)."""
+        if config.device == "cpu":
+            self.check_device("cpu")
+
+    def check_device(self, device_type: str) -> None:
+        """Refuse a 4-bit base unless the run trains on CUDA (``device_type``: ``cuda``, ``cpu``, ...)."""
+        if self.quantize_base is not None and device_type != "cuda":
+            raise SkyliftConfigError(QUANTIZE_ON_CPU, hint=QUANTIZE_HINT)
+
+
+QUANTIZE_ON_CPU = ("recipe.lora.quantize_base: nf4 keeps the frozen base in bitsandbytes' 4-bit NF4, whose "
+                   "kernels need a CUDA GPU, and this run trains on the CPU")
+QUANTIZE_HINT = ("Run it on a machine with an NVIDIA GPU (device: auto or cuda), or remove "
+                 "recipe.lora.quantize_base to train LoRA over the full-precision base")
 
 
 class CausalLMSettings(RecipeSettings):
@@ -42,9 +86,29 @@ class CausalLMSettings(RecipeSettings):
     """Leave a ``prompt``'s tokens out of the loss (labels -100), so only the completion is
     learned; ``false`` learns the prompt too."""
 
+    lora: LoraSettings | None = None
+    """Train low-rank adapters on the frozen model instead of every weight (PEFT):
+    checkpoints then hold the adapters and their optimizer state only, and ``skylift
+    export`` writes a PEFT adapter folder (``--merged``: the model with them merged in).
+    ``null``: full fine-tuning."""
+
+    def check_device(self, device_type: str) -> None:
+        """What the device the run resolved to cannot do (``skylift run``'s preflight asks,
+        before any worker starts): a 4-bit base off CUDA."""
+        if self.lora is not None:
+            self.lora.check_device(device_type)
+
     def check_run(self, config: Any) -> None:
-        """JSONL files, not streamed shards; token-budget batching of unpacked documents that fit it."""
+        """JSONL files, not streamed shards; token-budget batching of unpacked documents that
+        fit it; adapters on one process or DDP."""
         data = config.data
+        if self.lora is not None:
+            self.lora.check_run(config)
+            if config.distributed.strategy == "fsdp":
+                raise SkyliftConfigError(
+                    "recipe.lora: adapters are trained on one process or with DDP; sharding them with "
+                    "distributed.strategy: fsdp is not built yet", hint="Set distributed.strategy: ddp (the "
+                    "frozen base is replicated, only the adapters' gradients are reduced), or recipe.lora: null")
         if data.url or data.val_url:
             raise SkyliftConfigError("data.url: causal_lm reads JSONL files (recipe.train_path, val_path), not "
                                      "streamed shards", hint="Remove data.url and data.val_url")  # fmt: skip

@@ -1,0 +1,140 @@
+"""LoRA adapters on a causal language model, through PEFT (``recipe.lora``).
+
+:func:`apply_lora` freezes the model and adds PEFT's adapters to the linear layers that
+``recipe.lora.target_modules`` names (default: every linear layer but the output head).
+:func:`keep_trainable_only` then makes the model's ``state_dict`` hold the trainable
+parameters (the adapters) and buffers only: a checkpoint, the final
+``RUN_DIR/model.safetensors`` and the moving average's copy store what training changes,
+never the frozen base, which the recipe builds again from ``recipe.model_path`` (or the
+tiny Llama's seed) on every resume and export. Loading such a state dict leaves the
+frozen weights as built and still refuses a missing or unexpected adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from skylift.errors import SkyliftConfigError
+from skylift.recipes.settings.causal_lm import LoraSettings
+
+__all__ = ["apply_lora", "check_quantization", "keep_trainable_only", "linear_layer_names", "target_modules"]
+
+log = logging.getLogger("skylift")
+
+_INSTALL_HINT = "install skylift's llm extra: pip install -c requirements/constraints.txt -e '.[llm]'"
+
+
+def linear_layer_names(model: nn.Module) -> list[str]:
+    """The distinct last names of ``model``'s ``nn.Linear`` layers (``q_proj``, ``lm_head``, ...)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
+
+
+def target_modules(model: nn.Module, lora: LoraSettings) -> list[str]:
+    """The layer names that get adapters: ``lora.target_modules``, each checked to match a
+    linear layer, or every linear layer's name but the output head's.
+
+    Raises:
+        SkyliftConfigError: a name matches no linear layer (lists the model's).
+    """
+    linear = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    if lora.target_modules is None:
+        # A Hugging Face model's method, which nn.Module's type does not know.
+        head = cast(Any, model).get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        heads = {name for name, module in model.named_modules() if module is head}
+        names = sorted({name.rsplit(".", 1)[-1] for name in linear - heads})
+        if not names:
+            raise SkyliftConfigError(f"recipe.lora: {type(model).__name__} has no linear layer besides its output "
+                                     "head to put adapters on", hint="Set recipe.lora: null (full fine-tuning)")
+        return names
+    unmatched = [wanted for wanted in lora.target_modules
+                 if not any(name == wanted or name.endswith("." + wanted) for name in linear)]  # fmt: skip
+    if unmatched:
+        raise SkyliftConfigError(
+            f"recipe.lora.target_modules: {', '.join(unmatched)} matches no linear layer of {type(model).__name__}; "
+            f"its linear layers are named {', '.join(linear_layer_names(model))}",
+            hint="Name some of those, or set target_modules: null for every one but the output head")
+    return list(lora.target_modules)
+
+
+def _modules_to_save(model: nn.Module, lora: LoraSettings) -> list[str] | None:
+    if lora.modules_to_save is None:
+        return None
+    names = [name for name, _ in model.named_modules()]
+    unmatched = [wanted for wanted in lora.modules_to_save
+                 if not any(name == wanted or name.endswith("." + wanted) for name in names)]  # fmt: skip
+    if unmatched:
+        children = sorted({name.rsplit(".", 1)[-1] for name in names if name})
+        raise SkyliftConfigError(
+            f"recipe.lora.modules_to_save: {', '.join(unmatched)} matches no layer of {type(model).__name__}; its "
+            f"layers are named {', '.join(children[:40])}", hint="Name some of those (e.g. lm_head), or null")
+    return list(lora.modules_to_save)
+
+
+def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    """``model`` frozen, with PEFT LoRA adapters on :func:`target_modules`, its state dict
+    the adapters' only (:func:`keep_trainable_only`). PEFT draws the adapters' A matrices
+    from the global random state (B starts at zero: the model's output is unchanged)."""
+    peft = _peft()
+    targets = target_modules(model, lora)
+    whole = _modules_to_save(model, lora)
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                             modules_to_save=whole, task_type="CAUSAL_LM")  # fmt: skip
+    with warnings.catch_warnings():
+        # PEFT 0.21 asks transformers 5 the deprecated is_gradient_checkpointing: a warning per build,
+        # nothing to fix here.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        adapted = peft.get_peft_model(model, config)
+    trainable = sum(parameter.numel() for parameter in adapted.parameters() if parameter.requires_grad)
+    total = sum(parameter.numel() for parameter in adapted.parameters())
+    if adapted.base_model.model.device.type != "meta":
+        log.info("causal_lm: LoRA rank %d on %s: %d trainable parameters of %d (%.2f%%)", lora.rank,
+                 ", ".join(targets), trainable, total, 100.0 * trainable / max(total, 1))  # fmt: skip
+    return keep_trainable_only(adapted)
+
+
+def keep_trainable_only(model: nn.Module) -> nn.Module:
+    """Make ``model.state_dict()`` leave out its frozen parameters (``requires_grad``
+    False when asked), and ``load_state_dict`` accept a state dict without them: they
+    keep the values they were built with. Returns ``model``."""
+
+    def frozen_names(module: nn.Module) -> set[str]:
+        return {name for name, parameter in module.named_parameters(remove_duplicate=False)
+                if not parameter.requires_grad}  # fmt: skip
+
+    def drop_frozen(module: nn.Module, state_dict: dict[str, Any], prefix: str, _metadata: Any) -> None:
+        for name in frozen_names(module):
+            state_dict.pop(prefix + name, None)
+
+    def forgive_frozen(module: nn.Module, incompatible_keys: Any) -> None:
+        frozen = frozen_names(module)
+        # Under a wrapper (a moving average's copy) the keys carry its prefix.
+        kept = [key for key in incompatible_keys.missing_keys
+                if not any(key.split(".", cut)[-1] in frozen for cut in range(key.count(".") + 1))]  # fmt: skip
+        incompatible_keys.missing_keys[:] = kept
+
+    model.register_state_dict_post_hook(drop_frozen)
+    model.register_load_state_dict_post_hook(forgive_frozen)
+    return model
+
+
+def check_quantization(lora: LoraSettings | None, device: torch.device | str) -> None:
+    """Refuse ``lora.quantize_base`` on a run whose device is not CUDA (bitsandbytes'
+    4-bit kernels), and on CUDA for now: the 4-bit base is not built yet."""
+    if lora is None or lora.quantize_base is None:
+        return
+    lora.check_device(torch.device(device).type)
+    raise SkyliftConfigError("recipe.lora.quantize_base: the 4-bit NF4 base (QLoRA) is not built yet in this "
+                             "skylift", hint="Remove recipe.lora.quantize_base to train LoRA over the bf16/fp32 base")
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise SkyliftConfigError("recipe.lora needs the peft package", hint=_INSTALL_HINT) from None
+    return peft

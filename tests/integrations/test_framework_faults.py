@@ -82,10 +82,10 @@ def test_lightning_with_devices_auto_under_two_processes_is_refused_before_a_ste
 def test_rerunning_a_finished_trainer_job_trains_nothing_writes_nothing_and_says_so(tmp_path, capfd):
     from safetensors.torch import load_file
 
+    from examples.integrations import hf_job
     from skylift.config.load import load_config
     from skylift.integrations.checkpoints import verify_folder
     from skylift.integrations.transformers import SkyliftCallback, resume_checkpoint
-    from examples.integrations import hf_job
     from tests.integrations.records import records
 
     config = load_config(None, ["preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false",
@@ -207,9 +207,9 @@ def _assert_config_describes(framework: str, run_dir: Path, *lines: str) -> None
 
 
 def test_lightning_run_records_state_its_per_device_batch_and_config_yaml_only_what_skylift_applied(tmp_path):
+    from examples.integrations import lightning_job
     from skylift.config.load import load_config
     from skylift.integrations.lightning import SkyliftCallback
-    from examples.integrations import lightning_job
     from tests.integrations.records import records
 
     config = load_config(None, ["preemption.cloud=off", "monitor.tensorboard=false", "monitor.report=false",
@@ -227,11 +227,11 @@ def test_lightning_run_records_state_its_per_device_batch_and_config_yaml_only_w
 
 @pytest.mark.slow
 def test_a_trainer_job_is_refused_while_another_live_job_holds_its_checkpoint_folder(tmp_path):
+    from examples.integrations import hf_job
     from skylift.checkpoint.lease import LeaseHeldError, RunLease
     from skylift.config.load import load_config
     from skylift.integrations.transformers import SkyliftCallback
     from skylift.storage.local import LocalStore
-    from examples.integrations import hf_job
 
     output_dir = tmp_path / "out"
     output_dir.mkdir()

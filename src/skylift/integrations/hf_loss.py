@@ -18,7 +18,7 @@ figure stands (skylift cannot see whether such a model used the count).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -48,14 +48,14 @@ class PerSampleLoss:
         declared = getattr(type(model), "loss_function", None)
         if isinstance(declared, property) and declared.fset is not None:
             had_own = "_loss_function" in vars(model)
-            previous = model.loss_function
+            previous = cast(Any, model).loss_function  # a PreTrainedModel's property
 
             def tracking(*args: Any, **kwargs: Any) -> Any:
                 if kwargs.get("num_items_in_batch") is not None:
                     self._used = True
                 return previous(*args, **kwargs)
 
-            model.loss_function = tracking
+            cast(Any, model).loss_function = tracking
             self._restore = (lambda: setattr(model, "loss_function", previous)) if had_own else (
                 lambda: delattr(model, "_loss_function"))
 

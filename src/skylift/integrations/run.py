@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,11 +100,11 @@ def check_process_group(framework: str, framework_world_size: int, *, fix: str,
         ProcessGroupNotFormedError: ``framework_world_size`` is not ``WORLD_SIZE`` (one line, ending in
             ``fix``: the framework's setting to change).
     """
-    environ = os.environ if environ is None else environ
-    launched = int(environ.get("WORLD_SIZE", "1") or 1)
+    variables: Mapping[str, str] = os.environ if environ is None else environ
+    launched = int(variables.get("WORLD_SIZE", "1") or 1)
     if launched <= 1 or framework_world_size == launched:
         return
-    if environ.get("RANK", "0") != "0":
+    if variables.get("RANK", "0") != "0":
         # The launcher stops every worker once one fails: the others give rank 0, which says
         # why (the shim prints rank 0's error only), the time to say it first.
         time.sleep(_RANK_0_FIRST_S)
@@ -197,7 +198,8 @@ class ScriptRun:
         """
         refusal = None
         if self.context.is_main:
-            lease = RunLease(root, ttl_s=self.config.checkpoint.lease_ttl_s, job_id=f"{job_name}-{uuid.uuid4().hex[:8]}")
+            job_id = f"{job_name}-{uuid.uuid4().hex[:8]}"
+            lease = RunLease(root, ttl_s=self.config.checkpoint.lease_ttl_s, job_id=job_id)
             try:
                 lease.acquire()
                 self._lease = lease

@@ -50,7 +50,7 @@ from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
 
 if TYPE_CHECKING:
-    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
 __all__ = ["PREFIX", "SkyliftCallback", "resume_checkpoint"]
 

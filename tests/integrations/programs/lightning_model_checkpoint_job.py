@@ -27,7 +27,7 @@ class Classifier(pl.LightningModule):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
 
-    def training_step(self, batch, batch_index):  # noqa: ANN001 - Lightning's signature
+    def training_step(self, batch, batch_index):
         features, labels = batch
         return nn.functional.cross_entropy(self.net(features), labels)
 
@@ -36,7 +36,7 @@ class Classifier(pl.LightningModule):
 
 
 class HangAt(pl.Callback):
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_index):  # noqa: ANN001
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_index):
         if trainer.global_step == hang_at:
             Path("hanging").write_text(str(hang_at))
             time.sleep(600)

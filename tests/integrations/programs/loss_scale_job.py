@@ -10,8 +10,14 @@ every step logged, the Trainer's checkpoint at the end (its log history is the T
 import sys
 
 import torch
-from transformers import (BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM, Trainer,
-                          TrainingArguments)
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainingArguments,
+)
 
 kind, output_dir = sys.argv[1], sys.argv[2]
 accumulation = int(sys.argv[3]) if len(sys.argv) > 3 else 1

@@ -30,7 +30,7 @@ else:
             super().__init__()
             self.layer = torch.nn.Linear(2, 1)
 
-        def training_step(self, batch, batch_index):  # noqa: ANN001 - Lightning's signature
+        def training_step(self, batch, batch_index):
             return self.layer(batch[0]).pow(2).mean()
 
         def configure_optimizers(self):

@@ -25,9 +25,10 @@ from skylift.config.schema import RunConfig
 from skylift.errors import SkyliftConfigError
 from skylift.integrations.checkpoints import FolderCheckpoints, seal, verify_folder
 from skylift.integrations.run import ScriptRun
-from skylift.storage import StorageError, open_store
+from skylift.storage import StorageError, Store, open_store
+from skylift.storage.local import LocalStore
 
-__all__ = ["checkpoints_beside", "checkpoints_under", "commit", "newest_complete"]
+__all__ = ["checkpoints_beside", "checkpoints_under", "commit", "lease_root", "newest_complete"]
 
 log = logging.getLogger("skylift")
 
@@ -56,6 +57,18 @@ def checkpoints_under(prefix: str, config: RunConfig) -> FolderCheckpoints:
         return FolderCheckpoints(root.removeprefix("file://"), prefix, keep=config.checkpoint.keep)
     local = config.checkpoint.local_root or str(config.run_dir / "checkpoints")
     return checkpoints_beside(local, prefix, config)
+
+
+def lease_root(checkpoints: FolderCheckpoints, config: RunConfig, *, default: Path | None = None) -> Store:
+    """Where a framework job's run lease lives: the checkpoint root when one is set (the mirror,
+    or the folder itself: where ``skylift launch --checkpoint-root`` holds its lease), else
+    ``default`` (a folder skylift chose: Lightning's run folder, which holds its
+    ``checkpoints/``), else the folder the framework writes its checkpoints into."""
+    if checkpoints.mirror is not None:
+        return checkpoints.mirror
+    folder = checkpoints.directory if config.checkpoint.root or default is None else default
+    folder.mkdir(parents=True, exist_ok=True)
+    return LocalStore(folder)
 
 
 def commit(run: ScriptRun, checkpoints: FolderCheckpoints, step: int, *, started_at_s: float) -> bool:

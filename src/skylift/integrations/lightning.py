@@ -16,6 +16,10 @@ exception instead of a checkpoint). On a notice all ranks stop at the same step:
 ``checkpoint`` section's cadence (``every_steps``, ``every_minutes``, ``save_at_end``),
 keeping ``checkpoint.keep`` of them. :func:`resume_checkpoint` returns the newest
 complete one for ``ckpt_path=`` (torn ones skipped, a newer mirrored one restored).
+Every full checkpoint Lightning writes elsewhere (a ``ModelCheckpoint``'s) is
+hard-linked into ``step-N/`` and sealed as it is written, so resume uses it too. The
+callback refuses a launch Lightning did not join into one process group
+(``devices="auto"`` on the CPU under ``skylift launch --nproc 2``) and holds the run lease.
 
 Metrics: the training loss of every step (averaged over ranks) and the scalars in
 ``trainer.callback_metrics``, with the system sampler, step breakdown, cost ledger,
@@ -25,25 +29,33 @@ attribute Lightning's own ``ThroughputMonitor`` reads).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
+from skylift.checkpoint.manifest import MANIFEST
 from skylift.config.schema import RunConfig
 from skylift.errors import EXIT_OK
 from skylift.integrations.checkpoints import FolderCheckpoints, unseal
-from skylift.integrations.commit import checkpoints_under, commit, newest_complete
-from skylift.integrations.run import BatchCount, ScriptRun, resolve_config
+from skylift.integrations.commit import checkpoints_under, commit, lease_root, newest_complete
+from skylift.integrations.run import BatchCount, FrameworkJob, ScriptRun, check_process_group, resolve_config
 from skylift.loop.distributed import DistributedContext
 from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
 
 __all__ = ["CHECKPOINT_FILE", "PREFIX", "SkyliftCallback", "resume_checkpoint"]
+
+log = logging.getLogger("skylift")
 
 PREFIX = "step-"
 """skylift's Lightning checkpoint folders: ``CHECKPOINTS/step-<global step>``."""
@@ -86,13 +98,40 @@ class SkyliftCallback(pl.Callback):
 
     # -- Lightning's hooks --------------------------------------------------------------
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        nodes = int(os.environ.get("WORLD_SIZE", "1") or 1) // max(processes, 1)
+        fix = (f'Pass Trainer(devices={processes}, strategy="ddp"' + (f", num_nodes={nodes}" if nodes > 1 else "")
+               + '): with devices="auto" on the CPU (or fewer devices than processes) Lightning runs each launched '
+               "process alone.")
+        check_process_group("the Lightning Trainer", trainer.world_size, fix=fix)
+        strategy = trainer.strategy
+        if isinstance(strategy.checkpoint_io, AsyncCheckpointIO):
+            log.warning("Lightning writes checkpoints in the background (AsyncCheckpointIO): skylift seals only "
+                        "its own, not ModelCheckpoint's")
+        elif not isinstance(strategy.checkpoint_io, _SealingCheckpointIO):
+            strategy.checkpoint_io = _SealingCheckpointIO(strategy.checkpoint_io, self)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if isinstance(trainer.strategy.checkpoint_io, _SealingCheckpointIO):
+            trainer.strategy.checkpoint_io = trainer.strategy.checkpoint_io.inner
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         context = DistributedContext(rank=trainer.global_rank, world_size=trainer.world_size,
                                      local_rank=trainer.local_rank, device=pl_module.device, backend=_backend())
         accumulation = trainer.accumulate_grad_batches
-        self.run = ScriptRun(self.config, context, precision=_precision(str(trainer.precision)),
-                             micro_steps=accumulation)
         loader = trainer.train_dataloader
+        job = FrameworkJob("Lightning Trainer", getattr(loader, "batch_size", None),
+                           data_num_workers=getattr(loader, "num_workers", 0) or 0,
+                           settings={"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs,
+                                     "accumulate_grad_batches": accumulation, "precision": str(trainer.precision),
+                                     "strategy": type(trainer.strategy).__name__})
+        self.run = ScriptRun(self.config, context, precision=_precision(str(trainer.precision)),
+                             micro_steps=accumulation, job=job)
+        self.run.take_lease(lease_root(self.checkpoints, self.config, default=Path(self.config.run_dir)),
+                           job_name="lightning")
         self._batches = BatchCount.of(loader, per_rank_batch=getattr(loader, "batch_size", None) or 1,
                                       world_size=trainer.world_size, accumulation=accumulation)
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else (
@@ -172,6 +211,32 @@ class SkyliftCallback(pl.Callback):
         self._last_saved_step = step
         self._last_save_s = time.monotonic()
 
+    def _adopt(self, written: Path, step: int) -> None:
+        """Rank 0, right after Lightning wrote a checkpoint of its own (a ``ModelCheckpoint``'s):
+        link it into ``step-N/`` and seal that folder, so a kill after this point resumes from it.
+
+        A hard link costs no copy and keeps these bytes even when ``ModelCheckpoint`` rotates
+        its file away (Lightning replaces files by rename, never in place); across file
+        systems it is a copy."""
+        run = self.run
+        if run is None or not run.context.is_main or _inside(written, self.checkpoints.directory):
+            return
+        folder = self.checkpoints.folder(step)
+        if (folder / MANIFEST).is_file():
+            return  # skylift saved this step itself (its hook runs before ModelCheckpoint's)
+        started_at_s = time.perf_counter()
+        unseal(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / CHECKPOINT_FILE
+        target.unlink(missing_ok=True)
+        try:
+            os.link(written, target)
+        except OSError:
+            shutil.copyfile(written, target)
+        if commit(run, self.checkpoints, step, started_at_s=started_at_s):
+            self.checkpoints.prune_local(step)
+        self._last_saved_step = step
+
     def _due(self, step: int) -> bool:
         every = self.config.checkpoint.every_steps or 0
         return every != 0 and step % every == 0
@@ -230,6 +295,37 @@ def resume_checkpoint(where: pl.Trainer | SkyliftCallback | None = None, *,
         checkpoints = checkpoints_under(PREFIX, resolve_config(config, default_run_dir=None))
     folder = newest_complete(checkpoints, wait_s=wait_s)
     return str(folder / CHECKPOINT_FILE) if folder is not None else None
+
+
+class _SealingCheckpointIO(CheckpointIO):
+    """Lightning's checkpoint writer as it was, and after each full checkpoint it writes outside
+    skylift's folders (a ``ModelCheckpoint``'s), that checkpoint sealed as ``step-N/``.
+
+    Lightning calls it on global rank 0 only, and its other ranks wait at a barrier after the
+    save. A weights-only checkpoint is left alone: ``fit`` cannot resume from it."""
+
+    def __init__(self, inner: CheckpointIO, callback: SkyliftCallback) -> None:
+        self.inner = inner
+        self.callback = callback
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        written = Path(os.fspath(path))
+        if "optimizer_states" in checkpoint and "loops" in checkpoint and written.is_file():
+            self.callback._adopt(written, int(checkpoint["global_step"]))
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.inner.load_checkpoint(*args, **kwargs)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path.resolve().is_relative_to(directory.resolve())
 
 
 def _backend() -> str | None:

@@ -23,25 +23,33 @@ import math
 import os
 import sys
 import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+import yaml
 
+from skylift.checkpoint.lease import LeaseHeldError, RunLease
 from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
+from skylift.errors import SkyliftError
 from skylift.loop.agreement import StopReason
 from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext, exit_cleanly, new_gloo_group
 from skylift.loop.events import TrainState
+from skylift.storage import Store
 from skylift.train.services import RunServices
 
 if TYPE_CHECKING:
     from skylift.monitor.report import Report
 
-__all__ = ["BatchCount", "ScriptRun", "exit_code_for", "resolve_config"]
+__all__ = ["BatchCount", "FrameworkJob", "ProcessGroupNotFormedError", "ScriptRun", "check_process_group",
+           "exit_code_for", "resolve_config"]
 
 log = logging.getLogger("skylift")
 
@@ -71,6 +79,65 @@ def resolve_config(config: RunConfig | str | os.PathLike[str] | None, *, default
     return resolved
 
 
+_RANK_0_FIRST_S = 3.0
+
+
+class ProcessGroupNotFormedError(SkyliftError):
+    """The framework left the launched processes apart: each would run the whole job."""
+
+
+def check_process_group(framework: str, framework_world_size: int, *, fix: str,
+                        environ: dict[str, str] | None = None) -> None:
+    """Refuse a launch whose framework did not form the process group it was given.
+
+    torchrun (``skylift launch --nproc N``) started ``WORLD_SIZE`` processes; a framework
+    that leaves them apart (a Trainer on the CPU without ``use_cpu``, Lightning with
+    ``devices="auto"``) runs N single-process copies of the job side by side, each
+    rank 0, all writing one ``metrics.jsonl`` and sealing the same folders. Every
+    process raises, before any step; the shim prints rank 0's line only.
+
+    Raises:
+        ProcessGroupNotFormedError: ``framework_world_size`` is not ``WORLD_SIZE`` (one line, ending in
+            ``fix``: the framework's setting to change).
+    """
+    variables: Mapping[str, str] = os.environ if environ is None else environ
+    launched = int(variables.get("WORLD_SIZE", "1") or 1)
+    if launched <= 1 or framework_world_size == launched:
+        return
+    if variables.get("RANK", "0") != "0":
+        # The launcher stops every worker once one fails: the others give rank 0, which says
+        # why (the shim prints rank 0's error only), the time to say it first.
+        time.sleep(_RANK_0_FIRST_S)
+    raise ProcessGroupNotFormedError(
+        f"{launched} processes were launched (WORLD_SIZE={launched}) but {framework} runs in a process group "
+        f"of {framework_world_size}: {launched // max(framework_world_size, 1)} copies of the job would train side by "
+        f"side into one run folder. {fix}"
+    )
+
+
+@dataclass(frozen=True)
+class FrameworkJob:
+    """The job as the framework runs it, for the run records (not skylift's ``data`` defaults).
+
+    Args:
+        framework: its name, as the records say it (``Hugging Face Trainer``).
+        per_device_batch_size: samples per process per forward pass (``run_start.micro_batch_size``).
+        data_num_workers: the training loader's worker processes.
+        compile_enabled: whether the framework compiles the model.
+        settings: the framework's own arguments worth reading beside the records.
+    """
+
+    framework: str
+    per_device_batch_size: int | None
+    data_num_workers: int = 0
+    compile_enabled: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+_APPLIED_SECTIONS = ("run_dir", "preemption", "monitor", "checkpoint")
+"""The parts of a run configuration that a framework job's callback applies."""
+
+
 def exit_code_for(stopped: str | None) -> int:
     """143 after a preemption, 3 after a guard's stop, 1 after another stop (a failed save), else 0
     (:class:`StopReason`'s mapping)."""
@@ -85,14 +152,23 @@ class ScriptRun:
         context: where this process sits in the job.
         precision: ``fp32``, ``tf32``, ``fp16`` or ``bf16`` (the peak FLOP/s MFU divides by).
         micro_steps: forward passes per optimizer step.
+        job: the job as the framework runs it (its batch, loader, compile), for ``run_start``
+            and the run folder's ``config.yaml``.
     """
 
-    def __init__(self, config: RunConfig, context: DistributedContext, *, precision: str, micro_steps: int) -> None:
+    def __init__(self, config: RunConfig, context: DistributedContext, *, precision: str, micro_steps: int,
+                 job: FrameworkJob | None = None) -> None:
         self.config = config
         self.context = context
+        self.job = job
         services_config = config.model_copy(deep=True)
         services_config.checkpoint.enabled = False  # the framework writes its own
         services_config.monitor.progress_bar = False  # and draws its own progress
+        if job is not None:  # run_start describes the framework's batch, loader and compile, not skylift's defaults
+            if job.per_device_batch_size:
+                services_config.data.global_batch_size = job.per_device_batch_size * context.world_size * micro_steps
+            services_config.data.num_workers = job.data_num_workers
+            services_config.compile.enabled = job.compile_enabled
         self.services = RunServices(services_config, context, device=context.device, precision=precision,
                                     ddp_module=lambda: None, micro_steps=micro_steps)
         # Barriers of the commit rule run on their own gloo group, off the framework's (NCCL) traffic.
@@ -107,14 +183,42 @@ class ScriptRun:
         self._interval = _Interval()
         self._step_started_s: float | None = None
         self._finished = False
+        self._lease: RunLease | None = None
 
     # -- the loop -------------------------------------------------------------------
+
+    def take_lease(self, root: Store, *, job_name: str) -> None:
+        """Hold the run lease of ``root`` (where the framework's checkpoints go) for this attempt.
+
+        Rank 0 takes it (or joins the one ``skylift launch --checkpoint-root`` holds for its
+        workers) and heartbeats it until :meth:`finish`; every rank learns the outcome.
+
+        Raises:
+            LeaseHeldError: another live job holds it (every rank; the shim prints rank 0's one line).
+        """
+        refusal = None
+        if self.context.is_main:
+            job_id = f"{job_name}-{uuid.uuid4().hex[:8]}"
+            lease = RunLease(root, ttl_s=self.config.checkpoint.lease_ttl_s, job_id=job_id)
+            try:
+                lease.acquire()
+                self._lease = lease
+            except LeaseHeldError as held:
+                refusal = f"{held} (another job is writing these checkpoints)"
+        if self._group is not None:
+            holder = [refusal]
+            dist.broadcast_object_list(holder, src=0, group=self._group)
+            refusal = holder[0]
+        if refusal:
+            self.close()
+            raise LeaseHeldError(refusal)
 
     def start(self, state: TrainState, *, resumed_from_step: int | None) -> None:
         """Refuse a resume past the budget, write ``run_start``, start the watchers (every rank)."""
         self.state = state
         self.services.resumed_from_step = resumed_from_step
         self.services.resume(None, state)
+        self._write_config()
         self._started_at = time.perf_counter()
         self._interval.reset()
 
@@ -257,17 +361,46 @@ class ScriptRun:
                 self._say_where_it_ended(report)
         finally:
             self.services.close()
+            self._release_lease()
         return exit_code_for(self.stopped)
 
     def close(self) -> None:
         """Stop every background thread (after a failure; :meth:`finish` does it otherwise)."""
         self.services.close()
+        self._release_lease()
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def exit(self, code: int) -> None:
         """End the process with ``code`` once every rank got here (so no rank's exit makes the
         launcher kill a peer still committing its checkpoint)."""
         self.barrier()
         exit_cleanly(code)
+
+    def _write_config(self) -> None:
+        """Rank 0: the run folder's ``config.yaml`` holds the sections skylift applied, under a
+        header saying which framework ran the job and how; skylift's model, data and
+        training defaults, which describe nothing here, are left out."""
+        if self.job is None or not self.context.is_main:
+            return
+        from skylift.cloud.redact import redact_config
+
+        resolved = redact_config(self.config.model_dump(mode="json"))
+        applied = {key: resolved[key] for key in _APPLIED_SECTIONS if key in resolved}
+        job = self.job
+        described = {"framework": job.framework, "world_size": self.context.world_size,
+                     "per_device_batch_size": job.per_device_batch_size, "data_num_workers": job.data_num_workers,
+                     "compile": job.compile_enabled, **job.settings}
+        header = [f"# A {job.framework} job: the framework's own arguments describe its model, data and training;",
+                  "# skylift applied only the sections below (skylift's other settings do not describe this job).",
+                  "# The job as the framework ran it:",
+                  *(f"#   {line}" for line in yaml.safe_dump(described, sort_keys=False).splitlines())]
+        run_dir = self.services.run_dir
+        run_dir.write_text_atomic(run_dir.config_path,
+                                  "\n".join(header) + "\n" + yaml.safe_dump(applied, sort_keys=False))
 
     def _say_where_it_ended(self, report: Report | None) -> None:
         run_dir = self.services.run_dir.root

@@ -52,7 +52,10 @@ PYTEST_ARGS ?=
 # end-to-end test is a Python start importing torch, which leaves one process's second core
 # idle. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
-XDIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
+# --max-worker-restart=0: a worker that dies (the kernel's OOM killer, a native crash) fails the
+# run at once naming the test it ran; pytest-xdist 3.6-3.8 replacing it under --dist loadfile
+# can deadlock at the end of the run (pytest-dev/pytest-xdist#784, #1378) until CI's own limit.
+XDIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "$(PYTEST_MARKERS)" -q --durations=15 --lane-fail-s=$(LANE_FAIL_S) $(XDIST) $(PYTEST_ARGS)

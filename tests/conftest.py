@@ -85,6 +85,27 @@ def _loopback_only():
         _fail_for(refusals, "the test reached past loopback:")
 
 
+TEST_PROCESS_CEILING_BYTES = 6 << 30
+"""What a test may leave this pytest process holding. Two xdist workers and the ranks their
+tests start share the machine's 24 GiB: a worker past this is on its way to the kernel's OOM
+killer, which ends it with no Python frame and every other test's result with it. The
+largest any test needs is ~2.7 GiB (the text-classification recipe's in-process runs)."""
+
+
+@pytest.fixture(autouse=True)
+def _memory_ceiling():
+    import psutil
+
+    process = psutil.Process()
+    before = process.memory_info().rss
+    yield
+    after = process.memory_info().rss
+    if before <= TEST_PROCESS_CEILING_BYTES < after:  # this test crossed it: name this one, not the next
+        pytest.fail(f"this test left the test process at {after / 2**30:.1f} GiB (from {before / 2**30:.1f}), over "
+                    f"the {TEST_PROCESS_CEILING_BYTES / 2**30:.0f} GiB a test may hold: something it built stayed",
+                    pytrace=False)
+
+
 def _fail_for(refusals: list[str], headline: str) -> None:
     pytest.fail("\n".join([headline, *dict.fromkeys(refusals)]), pytrace=False)
 

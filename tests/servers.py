@@ -101,14 +101,16 @@ class FaultyProxy(LoopbackHTTP):
 
     ``fail(n, status)`` answers the next n requests with an error status (with
     ``when``, the next n requests for which ``when(method, path)`` is true),
-    ``drop(n)`` closes the next n connections without answering, ``truncate(n)``
-    sends only half of the next n response bodies.
+    ``drop(n)`` closes the next n connections without answering (``drop_every()``: every
+    one from now on, a dead server), ``truncate(n)`` sends only half of the next n
+    response bodies.
     """
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.faults: deque[tuple[str, int, Callable[[str, str], bool] | None]] = deque()
         self._faults_lock = threading.Lock()
+        self.dropping_every = False
         self.requests_seen = 0
         self.faults_injected = 0
         proxy = self
@@ -165,11 +167,19 @@ class FaultyProxy(LoopbackHTTP):
     def drop(self, count: int) -> None:
         self.faults.extend([("drop", 0, None)] * count)
 
+    def drop_every(self) -> None:
+        """Close every connection from now on unanswered, pooled keep-alive ones too (closing
+        the listener would spare those). A flag, not a count: ``drop(10**9)`` queued a billion
+        entries, 8 GB of memory in the test's process."""
+        self.dropping_every = True
+
     def truncate(self, count: int) -> None:
         self.faults.extend([("truncate", 0, None)] * count)
 
     def take_fault(self, method: str, path: str) -> tuple[str, int, object] | None:
         """The first queued fault that applies to this request, removed from the queue."""
+        if self.dropping_every:
+            return ("drop", 0, None)
         with self._faults_lock:
             for fault in self.faults:
                 if fault[2] is None or fault[2](method, path):

@@ -153,7 +153,7 @@ def test_a_store_that_stays_unreachable_stops_the_run_naming_the_last_commit(mot
             if steps and direct.exists("LATEST") and direct.read_bytes("LATEST").decode().strip() == f"step-{steps[-1]}":
                 break
             time.sleep(0.01)
-        proxy.drop(10**9)  # pooled keep-alive connections too: closing the listener would spare them
+        proxy.drop_every()  # pooled keep-alive connections too: closing the listener would spare them
 
     closer = threading.Thread(target=close_after_the_first_commit, daemon=True)
     closer.start()

@@ -50,7 +50,7 @@ from skylift.loop.events import TrainState
 from skylift.monitor.metrics import RESERVED_TRAIN_FIELDS
 
 if TYPE_CHECKING:
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 __all__ = ["PREFIX", "SkyliftCallback", "resume_checkpoint"]
 
@@ -98,7 +98,8 @@ class SkyliftCallback(TrainerCallback):
 
     # -- the Trainer's events ---------------------------------------------------------
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> TrainerControl:
         _check_arguments(args)
         check_process_group("the Hugging Face Trainer", args.world_size, fix=_group_fix(args))
         if state.global_step > 0 and state.global_step >= state.max_steps > 0:
@@ -121,11 +122,13 @@ class SkyliftCallback(TrainerCallback):
                                        averaged_across_processes=getattr(args, "average_tokens_across_devices", False))
         return control
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
         if self._finished_at is None:
             self._require_run().step_begin()
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              **kwargs: Any) -> None:
         if self._finished_at is not None:
             # The Trainer takes one step before it looks at should_training_stop: with no
             # gradients the optimizer leaves every weight of the finished model as it was.
@@ -133,11 +136,13 @@ class SkyliftCallback(TrainerCallback):
             return
         self._require_run().mark("forward_backward")
 
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          **kwargs: Any) -> None:
         if self._finished_at is None:
             self._require_run().mark("optimizer")
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
         if self._finished_at is not None:
             state.global_step = self._finished_at  # that step changed nothing: no checkpoint, log or eval of it
             return _nothing_more(control)
@@ -153,13 +158,14 @@ class SkyliftCallback(TrainerCallback):
         self._before_a_save(args, state, control)
         return control
 
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> TrainerControl:
         if self._finished_at is not None:
             return _nothing_more(control)
         self._before_a_save(args, state, control)
         return control
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._finished_at is not None:
             return
         run = self._require_run()
@@ -168,7 +174,8 @@ class SkyliftCallback(TrainerCallback):
         if run.context.is_main:
             commit(run, self.checkpoints, state.global_step, started_at_s=self._save_started_s)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if self._finished_at is not None:
             return
         run = self._require_run()
@@ -187,7 +194,8 @@ class SkyliftCallback(TrainerCallback):
         elif any(name.startswith("eval_") for name in numbers):
             run.log_eval(state.global_step, {name: value for name, value in numbers.items() if name != "epoch"})
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         if self._finished_at is not None:
             self.exit_code = EXIT_OK
             return
@@ -200,7 +208,7 @@ class SkyliftCallback(TrainerCallback):
 
     # -- parts ----------------------------------------------------------------------------
 
-    def _nothing_to_train(self, args: Any, state: Any, control: Any) -> Any:
+    def _nothing_to_train(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> Any:
         """A rerun of a finished job: the Trainer restored its final checkpoint; train nothing,
         write nothing (no run records, no checkpoint), say so once."""
         self._finished_at = state.global_step
@@ -211,7 +219,7 @@ class SkyliftCallback(TrainerCallback):
         control.should_training_stop = True
         return control
 
-    def _before_a_save(self, args: Any, state: Any, control: Any) -> None:
+    def _before_a_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         if not control.should_save:
             return
         self._save_started_s = time.perf_counter()
@@ -290,7 +298,7 @@ def _group_fix(args: Any) -> str:
             "(skylift launch --nproc 1).")
 
 
-def _nothing_more(control: Any) -> Any:
+def _nothing_more(control: TrainerControl) -> TrainerControl:
     control.should_save = control.should_log = control.should_evaluate = False
     control.should_training_stop = True
     return control

@@ -195,8 +195,7 @@ def test_a_tokenizer_without_chat_template_is_refused_with_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize(("lines", "message"), [
-    (['{"text": "count from 1: 1 2"}', '{"messages": [{"role": "user", "content": "q"}, '
-      '{"role": "assistant", "content": "a"}]}'],
+    (['{"text": "count from 1: 1 2"}', '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'],
      r"rows.jsonl:2: a chat \(\"messages\"\) row in a file whose first row \(line 1\) is a text or prompt/completion"),
     (['{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}', "",
       '{"prompt": "q", "completion": "a"}'],
@@ -249,6 +248,11 @@ def test_labels_equal_trls_assistant_only_loss(tokenizer, tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    # SFTTrainer's constructor pings the Hub's telemetry from a thread unless offline mode,
+    # which huggingface_hub reads once at import (already done here), or CI is set.
+    monkeypatch.setenv("CI", "1")
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     datasets = pytest.importorskip("datasets")
     trl = pytest.importorskip("trl")
     from skylift.recipes.tiny_lm import tiny_llama
@@ -268,9 +272,11 @@ def test_shipped_chat_corpus_is_the_generated_one():
     assert [json.loads(line) for line in lines] == tiny_chats()
 
 
+@pytest.mark.slow  # an end-to-end run: 7-15 s on the shared 2-core machine
 def test_shipped_chat_preset_learns_in_one_epoch(tmp_path):
     """examples/sft-lora-chat-cpu.yaml as shipped, one epoch (36 steps) in this process:
-    the loss over the assistant tokens falls from chance (ln 460 = 6.1) well down."""
+    the loss over the assistant tokens falls from chance (ln 460 = 6.1) well down
+    (measured: 6.12 -> 1.40)."""
     pytest.importorskip("peft", reason="needs the llm extra (peft)")
     run_dir = tmp_path / "run"
     result = run_here("run", "examples/sft-lora-chat-cpu.yaml", "--json", "--no-doctor", "--set",
@@ -279,4 +285,4 @@ def test_shipped_chat_preset_learns_in_one_epoch(tmp_path):
                       "monitor.progress_bar=false")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     losses = losses_by_step(run_dir)
-    assert len(losses) == 36 and losses[1] > 5.5 and max(losses[step] for step in (34, 35, 36)) < 4.0
+    assert len(losses) == 36 and losses[1] > 5.5 and max(losses[step] for step in (34, 35, 36)) < 2.5

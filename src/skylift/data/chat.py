@@ -121,6 +121,8 @@ def assistant_token_mask(tokenizer: Any, conversation: Conversation, *, marked: 
         SkyliftConfigError: the template fails on the row, gives it no assistant token, or
             (without generation blocks) does not render its prefixes as prefixes.
     """
+    from jinja2 import TemplateError  # transformers' template engine (it depends on jinja2)
+
     messages = list(conversation.messages)
     try:
         if marked:
@@ -131,7 +133,7 @@ def assistant_token_mask(tokenizer: Any, conversation: Conversation, *, marked: 
             ids, mask = _mask_from_prefixes(tokenizer, messages, conversation.where)
     except SkyliftConfigError:
         raise
-    except Exception as error:  # jinja2's TemplateError and whatever a template raises
+    except (TemplateError, TypeError, ValueError, KeyError) as error:  # a template's raise_exception, or its bugs
         raise SkyliftConfigError(f"{conversation.where}: the tokenizer's chat template fails on this row: "
                                  f"{type(error).__name__}: {error}".splitlines()[0]) from None  # fmt: skip
     if not any(mask):

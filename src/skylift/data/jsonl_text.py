@@ -34,8 +34,13 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from skylift.data.chat import Conversation, assistant_token_mask, check_chat_template, has_generation_blocks, \
-    read_conversation
+from skylift.data.chat import (
+    Conversation,
+    assistant_token_mask,
+    check_chat_template,
+    has_generation_blocks,
+    read_conversation,
+)
 from skylift.errors import SkyliftConfigError
 
 __all__ = [

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from skylift.config.schema import RunConfig
-from skylift.data.datasets import DatasetSplit
 from skylift.data.chat import Conversation
+from skylift.data.datasets import DatasetSplit
 from skylift.data.jsonl_text import (
     IGNORE_INDEX,
     DocumentSequences,

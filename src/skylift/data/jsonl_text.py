@@ -3,7 +3,10 @@
 A JSONL row is a document: ``{"text": ...}`` (every token is a target), or
 ``{"prompt": ..., "completion": ...}`` (only the completion's tokens are targets: the
 prompt's labels are ``-100``, which the loss ignores). A document's token ids end with
-the tokenizer's end-of-sequence token, so the model learns where a document stops.
+the tokenizer's end-of-sequence token, so the model learns where a document stops. Or
+``{"messages": [{"role": ..., "content": ...}, ...]}``, a chat, rendered by the
+tokenizer's chat template with the assistant turns as targets (:mod:`skylift.data.chat`;
+the template ends it). A file holds chat rows or the other two, not both.
 
 Two ways to cut documents into training sequences:
 
@@ -31,6 +34,13 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from skylift.data.chat import (
+    Conversation,
+    assistant_token_mask,
+    check_chat_template,
+    has_generation_blocks,
+    read_conversation,
+)
 from skylift.errors import SkyliftConfigError
 
 __all__ = [
@@ -38,7 +48,9 @@ __all__ = [
     "DocumentSequences",
     "EncodedDocument",
     "PackedBlocks",
+    "Row",
     "causal_collate",
+    "encode_conversations",
     "encode_documents",
     "read_jsonl_documents",
 ]
@@ -49,6 +61,9 @@ IGNORE_INDEX = -100
 Encode = Callable[[list[str], bool], list[list[int]]]
 """Texts -> token ids; the flag says whether to add the tokenizer's leading special tokens."""
 
+Row = dict[str, str] | Conversation
+"""A document as read: ``text``, or ``prompt`` and ``completion``; or a chat."""
+
 
 @dataclass(frozen=True)
 class EncodedDocument:
@@ -57,46 +72,83 @@ class EncodedDocument:
     """Per token: whether predicting it counts in the loss (False for a prompt's tokens)."""
 
 
-def read_jsonl_documents(path: Path, field: str) -> list[dict[str, str]]:
+def read_jsonl_documents(path: Path, field: str) -> list[Row]:
     """The rows of the JSONL file ``path`` (named by the config key ``field``), each with
-    ``text`` or with ``prompt`` and ``completion``, all strings.
+    ``text`` or with ``prompt`` and ``completion``, all strings; or each a chat
+    (``messages``, :func:`skylift.data.chat.read_conversation`).
 
     Raises:
-        SkyliftConfigError: the file is missing or empty, or a row is not such an object
-            (naming the file, the line and what it holds).
+        SkyliftConfigError: the file is missing or empty, a row is not such an object, or
+            the file mixes chat rows with the others (naming the file, the line and what
+            it holds).
     """
     if not path.is_file():
         raise SkyliftConfigError(f"{field}: {path} is not a file",
-                                 hint="Point it at a JSONL file of {\"text\": ...} or {\"prompt\": ..., "
-                                      "\"completion\": ...} rows")  # fmt: skip
-    rows = []
+                                 hint="Point it at a JSONL file of {\"text\": ...}, {\"prompt\": ..., "
+                                      "\"completion\": ...} or {\"messages\": [...]} rows")  # fmt: skip
+    rows: list[Row] = []
+    first_chat: tuple[int, bool] | None = None  # the first row's line, and whether it is a chat
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
-            if line.strip():
-                rows.append(_document(line, f"{field}: {path}:{number}"))
+            if not line.strip():
+                continue
+            where = f"{field}: {path}:{number}"
+            row = _document(line, where)
+            chat = isinstance(row, Conversation)
+            if first_chat is None:
+                first_chat = (number, chat)
+            elif chat != first_chat[1]:
+                kinds = ("a text or prompt/completion row", "a chat (\"messages\") row")
+                raise SkyliftConfigError(
+                    f"{where}: {kinds[chat]} in a file whose first row (line {first_chat[0]}) is "
+                    f"{kinds[first_chat[1]]}: a file holds chat rows, or text and prompt/completion rows, not both",
+                    hint="Write every row of the file in one layout")  # fmt: skip
+            rows.append(row)
     if not rows:
         raise SkyliftConfigError(f"{field}: {path} holds no rows")
     return rows
 
 
-def _document(line: str, where: str) -> dict[str, str]:
+def _document(line: str, where: str) -> Row:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
         raise SkyliftConfigError(f"{where}: not JSON ({error.msg})") from None
     keys = set(row) if isinstance(row, dict) else set()
     wanted: tuple[str, ...]
+    if "messages" in keys:
+        if keys & {"text", "prompt", "completion"}:
+            raise SkyliftConfigError(f"{where}: a row holds \"messages\" or \"text\" or \"prompt\" and "
+                                     f"\"completion\", not several (found {sorted(keys)})")  # fmt: skip
+        return read_conversation(row["messages"], where)
     if keys >= {"prompt", "completion"}:
         wanted = ("prompt", "completion")
     elif "text" in keys:
         wanted = ("text",)
     else:
-        raise SkyliftConfigError(f"{where}: a row needs \"text\", or \"prompt\" and \"completion\" "
-                                 f"(found {sorted(keys) if keys else type(row).__name__})")  # fmt: skip
+        raise SkyliftConfigError(f"{where}: a row needs \"text\", or \"prompt\" and \"completion\", or "
+                                 f"\"messages\" (found {sorted(keys) if keys else type(row).__name__})")  # fmt: skip
     for key in wanted:
         if not isinstance(row[key], str):
             raise SkyliftConfigError(f"{where}: \"{key}\" must be a string, not {type(row[key]).__name__}")
     return {key: row[key] for key in wanted}
+
+
+def encode_conversations(conversations: Sequence[Conversation], tokenizer: Any, field: str, *,
+                         mask_prompt: bool = True) -> list[EncodedDocument]:
+    """Token ids and target flags of each chat, as ``tokenizer``'s chat template renders
+    it: the assistant turns' tokens are targets (every token with ``mask_prompt=False``).
+
+    Raises:
+        SkyliftConfigError: the tokenizer has no chat template (naming ``field``), or one
+            that cannot place a row's assistant turns (naming the row).
+    """
+    marked = has_generation_blocks(check_chat_template(tokenizer, field))
+    documents = []
+    for conversation in conversations:
+        ids, assistant = assistant_token_mask(tokenizer, conversation, marked=marked)
+        documents.append(EncodedDocument(ids, assistant if mask_prompt else [True] * len(ids)))
+    return documents
 
 
 def encode_documents(rows: Sequence[dict[str, str]], encode: Encode, eos_id: int, *,

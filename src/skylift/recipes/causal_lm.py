@@ -3,8 +3,10 @@
 The model and tokenizer come from a local folder (``recipe.model_path``), offline,
 weights in fp32 (mixed precision computes in bf16 from fp32 master weights), or from
 the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`). Documents are ``text`` rows,
-or ``prompt``/``completion`` rows whose prompt is masked out of the loss
-(:mod:`skylift.data.jsonl_text`), packed into blocks of ``sequence_length`` tokens, or
+``prompt``/``completion`` rows whose prompt is masked out of the loss
+(:mod:`skylift.data.jsonl_text`), or chats (``messages`` rows) rendered by the
+tokenizer's chat template with only the assistant turns learned
+(:mod:`skylift.data.chat`), packed into blocks of ``sequence_length`` tokens, or
 one per sequence and padded per batch (with ``data.batching: token_budget``, sorted
 into micro-batches of at most ``data.max_tokens`` padded tokens).
 
@@ -28,12 +30,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from skylift.config.schema import RunConfig
+from skylift.data.chat import Conversation
 from skylift.data.datasets import DatasetSplit
 from skylift.data.jsonl_text import (
     IGNORE_INDEX,
     DocumentSequences,
     PackedBlocks,
+    Row,
     causal_collate,
+    encode_conversations,
     encode_documents,
     read_jsonl_documents,
 )
@@ -114,7 +119,7 @@ class CausalLM(Recipe):
         self._log_data(train_rows, val_rows, train, val)
         return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
 
-    def _hold_out(self, rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    def _hold_out(self, rows: list[Row]) -> tuple[list[Row], list[Row]]:
         order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.config.seed)).tolist()
         num_val = max(1, round(len(rows) * self.config.data.val_fraction))
         if num_val >= len(rows):
@@ -123,12 +128,17 @@ class CausalLM(Recipe):
                                      hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
 
-    def _sequences(self, rows: list[dict[str, str]], field: str) -> PackedBlocks | DocumentSequences:
+    def _sequences(self, rows: list[Row], field: str) -> PackedBlocks | DocumentSequences:
         def encode(texts: list[str], special: bool) -> list[list[int]]:
             return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
 
-        eos = int(self.tokenizer.eos_token_id)
-        documents = encode_documents(rows, encode, eos, mask_prompt=self.settings.mask_prompt)
+        mask_prompt = self.settings.mask_prompt
+        chats = [row for row in rows if isinstance(row, Conversation)]
+        if chats:  # a file holds chats only, or none (read_jsonl_documents)
+            documents = encode_conversations(chats, self.tokenizer, field, mask_prompt=mask_prompt)
+        else:
+            texts = [row for row in rows if not isinstance(row, Conversation)]
+            documents = encode_documents(texts, encode, int(self.tokenizer.eos_token_id), mask_prompt=mask_prompt)
         if self.settings.packing:
             return PackedBlocks(documents, self.settings.sequence_length, field=field)
         return DocumentSequences(documents, self.settings.sequence_length)

@@ -13,6 +13,10 @@ falls visibly and the masked prompt tokens matter. ``examples/data/tiny-lm.jsonl
 this corpus (``python -m skylift.recipes.tiny_lm examples/data/tiny-lm.jsonl`` writes
 it again; a test holds the two equal). :func:`write_tiny_lm` writes the model and
 tokenizer as a Hugging Face folder, to use like any other.
+
+The tokenizer has a chat template (:data:`CHAT_TEMPLATE`), and :func:`tiny_chats` the
+same lookups as conversations, for chat fine-tuning offline:
+``examples/data/tiny-chat.jsonl`` (``--chat PATH`` writes it again).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLOURS", "tiny_corpus", "tiny_llama", "tiny_llama_config", "tiny_tokenizer", "write_corpus",
-           "write_tiny_lm"]
+__all__ = ["CHAT_TEMPLATE", "COLOURS", "tiny_chats", "tiny_corpus", "tiny_llama", "tiny_llama_config",
+           "tiny_tokenizer", "write_corpus", "write_tiny_lm"]
 
 COLOURS = {
     "lemon": "yellow", "banana": "yellow", "lime": "green", "leaf": "green", "frog": "green", "cherry": "red",
@@ -39,6 +43,28 @@ SPECIAL_TOKENS = {"pad_token": "<|pad|>", "bos_token": "<|begin_of_text|>", "eos
 
 VOCABULARY_SIZE = 512
 """BPE merges stop here, or when the corpus has no pair left to merge."""
+
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- message['role'] + '\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- message['content'] + eos_token -}}{%- endgeneration -%}"
+    "{%- else -%}"
+    "{{- message['content'] + eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'assistant\n' -}}{%- endif -%}"
+)
+"""The tiny tokenizer's chat template, laid out as Llama 3's: ``<|begin_of_text|>`` once,
+then per message a header (the role), the content and an end-of-turn token; the
+generation prompt is the assistant's header. Llama 3 spells the header
+``<|start_header_id|>ROLE<|end_header_id|>\n\n`` and ends a turn with ``<|eot_id|>``;
+here the header is ``ROLE\n`` and a turn ends with ``<|end_of_text|>``, tokens the
+tokenizer has already, since three more would change the vocabulary, hence the model
+drawn from a seed and every figure measured on it. The assistant's content and its
+end-of-turn token are inside ``{% generation %}``: that token is learned, so the model
+learns to stop (TRL's ``is_chat_template_stop_token_trained`` checks the same)."""
 
 
 def tiny_corpus(num_rows: int = 3000, seed: int = 0) -> list[dict[str, str]]:
@@ -62,6 +88,37 @@ def tiny_corpus(num_rows: int = 3000, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
+def tiny_chats(num_rows: int = 1200, seed: int = 0) -> list[dict[str, list[dict[str, str]]]]:
+    """``num_rows`` conversations (``messages`` rows) of the corpus's lookups, seeded: half
+    open with a system message, then 1 to 3 exchanges of a colour, a successor or a
+    count; a successor may be followed by ``and then``, whose answer is one more, so a
+    turn depends on an earlier one."""
+    draw = random.Random(seed)
+    objects = sorted(COLOURS)
+    rows = []
+    for _ in range(num_rows):
+        messages = [{"role": "system", "content": "answer with colours and numbers"}] if draw.random() < 0.5 else []
+        for _ in range(draw.randint(1, 3)):
+            kind = draw.randrange(3)
+            if kind == 0:
+                thing = draw.choice(objects)
+                article = "an" if thing[0] in "aeiou" else "a"
+                exchange = [(f"colour of {article} {thing}:", COLOURS[thing])]
+            elif kind == 1:
+                number = draw.randint(0, 60)
+                exchange = [(f"after {number} comes", str(number + 1))]
+                if draw.random() < 0.5:
+                    exchange.append(("and then", str(number + 2)))
+            else:
+                start = draw.randint(0, 60)
+                stop = start + draw.randint(2, 6)
+                exchange = [(f"count from {start} to {stop}", " ".join(str(n) for n in range(start, stop + 1)))]
+            for question, answer in exchange:
+                messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        rows.append({"messages": messages})
+    return rows
+
+
 def _texts(rows: list[dict[str, str]]) -> list[str]:
     return [row.get("text", row.get("prompt", "") + row.get("completion", "")) for row in rows]
 
@@ -69,7 +126,7 @@ def _texts(rows: list[dict[str, str]]) -> list[str]:
 def tiny_tokenizer() -> Any:
     """A ``PreTrainedTokenizerFast``: byte-level BPE trained on :func:`tiny_corpus`, which
     adds ``<|begin_of_text|>`` in front of a text, as Llama 3's does (any text encodes:
-    bytes it did not see stay single-byte tokens)."""
+    bytes it did not see stay single-byte tokens), with :data:`CHAT_TEMPLATE`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -82,7 +139,7 @@ def tiny_tokenizer() -> Any:
     bos = SPECIAL_TOKENS["bos_token"]
     tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
                                                              special_tokens=[(bos, tokenizer.token_to_id(bos))])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=CHAT_TEMPLATE, **SPECIAL_TOKENS)
 
 
 def tiny_llama_config(tokenizer: Any) -> Any:
@@ -117,7 +174,7 @@ def write_tiny_lm(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def write_corpus(path: Path, rows: list[dict[str, str]]) -> Path:
+def write_corpus(path: Path, rows: list[dict[str, Any]]) -> Path:
     """``rows`` as a JSONL file, one object a line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
@@ -129,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("corpus", type=Path, help="where to write the generated corpus (JSONL)")
     parser.add_argument("--model", type=Path, default=None, metavar="DIR",
                         help="also write the tiny Llama and its tokenizer to this folder")
+    parser.add_argument("--chat", type=Path, default=None, metavar="PATH",
+                        help="also write the generated conversations (JSONL of messages rows) here")
     args = parser.parse_args(argv)
     print(write_corpus(args.corpus, tiny_corpus()))
+    if args.chat is not None:
+        print(write_corpus(args.chat, tiny_chats()))
     if args.model is not None:
         print(write_tiny_lm(args.model))
     return 0

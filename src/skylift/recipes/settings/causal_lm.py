@@ -71,7 +71,10 @@ class CausalLMSettings(RecipeSettings):
     model: it trains from scratch, in seconds)."""
     train_path: str = Field(min_length=1)
     """The training documents: a JSONL file whose rows hold ``text`` (every token
-    learned) or ``prompt`` and ``completion`` (only the completion's tokens learned)."""
+    learned) or ``prompt`` and ``completion`` (only the completion's tokens learned); or
+    whose rows are chats, ``messages``: a list of ``{"role": "system" | "user" |
+    "assistant", "content": ...}``, rendered by the tokenizer's own chat template, only
+    the assistant turns' tokens learned. A file holds chats or the other rows, not both."""
     val_path: str | None = None
     """Validation documents in the same form; ``null`` holds out ``data.val_fraction`` of
     the training documents (a seeded draw)."""
@@ -84,7 +87,8 @@ class CausalLMSettings(RecipeSettings):
     document per sequence, padded per batch; needed with ``data.batching: token_budget``."""
     mask_prompt: bool = True
     """Leave a ``prompt``'s tokens out of the loss (labels -100), so only the completion is
-    learned; ``false`` learns the prompt too."""
+    learned, and of a chat every token but the assistant turns'; ``false`` learns the
+    prompt, and every token of a chat (its system and user turns, the template's headers), too."""
 
     lora: LoraSettings | None = None
     """Train low-rank adapters on the frozen model instead of every weight (PEFT):

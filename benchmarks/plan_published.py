@@ -114,6 +114,38 @@ def plan_prediction(measurement: Measurement, row: PublishedRow) -> tuple[float,
     return row.batch_per_gpu / step_s, prediction.parts_s["input"]
 
 
+def cross_validate(rows: list[PublishedRow], by: str) -> dict[str, dict]:
+    """Every row predicted by a fit that never saw its group: ``by="workload"`` holds out
+    every row of the row's workload (leave-one-workload-out), ``by="gpu"`` every row of its
+    GPU (leave-one-GPU-out). The fit takes the ``calibrate`` rows of ``rows`` outside the
+    group; every row, ``reference`` ones too, is predicted. Per row: the error
+    (predicted / published - 1, ``None``: no factors for its kind), the group held out, and
+    the rows the fit stood on (so a leak shows)."""
+    table = tuple(rows)
+    models: dict[str, GpuModel] = {}
+    out = {}
+    for row in rows:
+        group = row.workload if by == "workload" else row.gpu
+        if group not in models:
+            models[group] = (fit_gpu_model(table, hold_out_workload=group) if by == "workload"
+                             else fit_gpu_model(table, hold_out=group))  # fmt: skip
+        model = models[group]
+        predicted = predict_row(row, model)
+        out[row.row_id] = {"error": None if predicted is None else predicted / row.per_gpu - 1, "held_out": group,
+                           "fitted_on": model.rows}  # fmt: skip
+    return out
+
+
+def _cv_summary(result: dict[str, dict], rows: list[PublishedRow]) -> dict:
+    """Mean and worst |error| of a cross-validation, with the rows and workloads behind it."""
+    summary = _summary({row_id: item["error"] for row_id, item in result.items()})
+    by_id = {row.row_id: row for row in rows}
+    return {**summary, "workloads": len({by_id[row_id].workload for row_id in result}),
+            "gpus": len({by_id[row_id].gpu for row_id in result}),
+            "worst_rows": sorted(((row_id, round(item["error"], 4)) for row_id, item in result.items()
+                                  if item["error"] is not None), key=lambda pair: -abs(pair[1]))[:5]}  # fmt: skip
+
+
 def _errors(rows: list[PublishedRow], model_for) -> dict[str, float | None]:
     out = {}
     for row in rows:
@@ -152,6 +184,7 @@ def run(folder: Path, both_formats: bool = False) -> dict:
     loo_gpu = _errors(calibrated, lambda row: by_gpu.setdefault(row.gpu, fit_gpu_model(hold_out=row.gpu)))
     loo_family = _errors(calibrated, lambda row: by_family.setdefault(row.family, fit_gpu_model(hold_out=row.family)))
     in_sample = _errors(calibrated, lambda row: full)
+    by_workload, by_gpu_all = cross_validate(rows, "workload"), cross_validate(rows, "gpu")
     measured = _measurements(folder, both_formats)
     table = []
     for row in calibrated:
@@ -173,6 +206,12 @@ def run(folder: Path, both_formats: bool = False) -> dict:
     resnet = measured[("resnet50_v1.5_224", "channels_last")]
     return {
         "rows": table, "references": references,
+        "cross_validation": {
+            "leave_one_workload_out": {"summary": _cv_summary(by_workload, rows),
+                                       "rows": {key: round(item["error"], 4) for key, item in by_workload.items()}},
+            "leave_one_gpu_out": {"summary": _cv_summary(by_gpu_all, rows),
+                                  "rows": {key: round(item["error"], 4) for key, item in by_gpu_all.items()}},
+        },
         "summary": {"leave_one_gpu_out": _summary(loo_gpu), "leave_one_family_out": _summary(loo_family),
                     "in_sample": _summary(in_sample),
                     "plan_path": _summary({item["row_id"]: item["plan_error"] for item in table})},
@@ -215,6 +254,13 @@ def print_report(result: dict) -> None:
     for name, summary in result["summary"].items():
         console.print(f"{name}: mean |error| {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
                       f"{summary['rows_within_20pct']}/{summary['rows']} rows within 20%")  # fmt: skip
+    console.print("cross-validation over every row (calibrated and reference), side by side:")
+    for name, item in result["cross_validation"].items():
+        summary = item["summary"]
+        worst = ", ".join(f"{row_id} {error:+.1%}" for row_id, error in summary["worst_rows"])
+        console.print(f"  {name}: mean |error| {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%} "
+                      f"over {summary['rows']} rows, {summary['workloads']} workloads, {summary['gpus']} GPUs; "
+                      f"worst rows: {worst}")  # fmt: skip
     for _kind, text in result["factors"].items():
         console.print(f"factors {text}")
     busy = result["busy_laptop"]

@@ -27,8 +27,9 @@ tables show beyond communication (input pipelines sharing the host, stragglers a
 step's synchronisation). ``log2``: the steps of a tree of ranks; one factor fits DLE's
 4-, 8- and 16-GPU BERT rows.
 
-``fit_gpu_model(hold_out=...)`` fits without the rows of one GPU: the leave-one-GPU-out
-check of ``benchmarks/plan_published.py``.
+``fit_gpu_model(hold_out=...)`` fits without the rows of one GPU, and
+``fit_gpu_model(hold_out_workload=...)`` without the rows of one workload: the
+leave-one-GPU-out and leave-one-workload-out checks of ``benchmarks/plan_published.py``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class KindFactors:
     """Single-GPU rows the five factors were fitted on."""
     scaling_rows: tuple[str, ...] = ()
     """Multi-GPU rows the scaling factors were fitted on."""
+    borrowed_from: tuple[str, ...] = ()
+    """The other kinds whose rows fitted these factors, where no row of this kind was
+    left to fit (a held-out workload); empty: fitted on rows of this kind."""
 
     def describe(self) -> str:
         """The factors in one line, with the rows they came from."""
@@ -112,7 +116,9 @@ class KindFactors:
                   f"{self.memory_bandwidth_share:.1%} of bandwidth" if self.bandwidth_share < 0.99 *
                   _BOUNDS["bandwidth_share"][1] else "no op group with FLOPs bandwidth-bound (its share at the "
                   f"bound), ops without FLOPs at {self.memory_bandwidth_share:.1%} of bandwidth")  # fmt: skip
-        return (f"{self.kind}: compute-bound ops at {self.compute_share:.1%} of peak, {memory}{layout}, "
+        borrowed = f" (no {self.kind} row left: borrowed from {', '.join(self.borrowed_from)})" if self.borrowed_from \
+            else ""
+        return (f"{self.kind}{borrowed}: compute-bound ops at {self.compute_share:.1%} of peak, {memory}{layout}, "
                 f"{self.seconds_per_op * 1e6:.2f} us per op per micro-step; per rank 1 + ({scaling}) x log2(GPUs in "
                 f"the node); fitted on {len(self.rows)} single-GPU rows ({', '.join(self.rows)}) and "
                 f"{len(self.scaling_rows)} multi-GPU rows ({', '.join(self.scaling_rows)})")  # fmt: skip
@@ -125,6 +131,13 @@ class GpuModel:
     kinds: dict[str, KindFactors]
     held_out: str | None = None
     """The GPU left out of the fit (``None``: every calibrated row used)."""
+    held_out_workload: str | None = None
+    """The workload left out of the fit (``None``: every workload used)."""
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """Every published row any factor of the model was fitted on."""
+        return tuple(sorted({row for factors in self.kinds.values() for row in (*factors.rows, *factors.scaling_rows)}))
 
 
 def tensor_cores(spec: GpuSpec, precision: str) -> bool:
@@ -255,19 +268,35 @@ def _kind(row: PublishedRow, structures: dict) -> str:
     return JobStructure.of(_structure(row, structures), row.memory_format).kind
 
 
-def fit_gpu_model(rows: tuple[PublishedRow, ...] | None = None, hold_out: str | None = None) -> GpuModel:
+def fit_gpu_model(rows: tuple[PublishedRow, ...] | None = None, hold_out: str | None = None,
+                  hold_out_workload: str | None = None) -> GpuModel:  # fmt: skip
     """The factors from the calibrated rows (default: the shipped table), without any row
-    whose GPU (``a100-sxm-80gb``) or GPU family (``a100``) is ``hold_out``."""
+    whose GPU (``a100-sxm-80gb``) or GPU family (``a100``) is ``hold_out``, nor any row of
+    the workload ``hold_out_workload`` (``resnet50_v1.5_224``).
+
+    A kind left without a calibrated row (every row of it held out) is fitted on the
+    rows of the kinds that remain, and says so (``borrowed_from``): a held-out workload
+    is then predicted from what the other workloads taught, never left unpredicted."""
     structures = load_structures()
     chosen = [row for row in (rows if rows is not None else load_published())
-              if row.use == "calibrate" and hold_out not in (row.gpu, row.family)]  # fmt: skip
+              if row.use == "calibrate" and hold_out not in (row.gpu, row.family)
+              and row.workload != hold_out_workload]  # fmt: skip
     kinds = {}
-    for kind in ("conv", "gemm"):
+    for kind in _KINDS:
         of_kind = [row for row in chosen if _kind(row, structures) == kind]
         singles = [row for row in of_kind if row.gpu_count == 1]
         if singles:
             kinds[kind] = _fit_scaling(_fit_kind(kind, singles, structures), of_kind, structures)
-    return GpuModel(kinds=kinds, held_out=hold_out)
+    for kind in _KINDS:
+        others = [row for row in chosen if row.gpu_count == 1 and _kind(row, structures) != kind]
+        if kind not in kinds and others:
+            borrowed = _fit_kind(kind, others, structures)
+            kinds[kind] = replace(_fit_scaling(borrowed, [row for row in chosen if _kind(row, structures) != kind],
+                                               structures), borrowed_from=tuple(sorted(kinds)))  # fmt: skip
+    return GpuModel(kinds=kinds, held_out=hold_out, held_out_workload=hold_out_workload)
+
+
+_KINDS = ("conv", "gemm")
 
 
 @lru_cache(maxsize=1)

@@ -131,7 +131,7 @@ def cross_validate(rows: list[PublishedRow], by: str) -> dict[str, dict]:
                              else fit_gpu_model(table, hold_out=group))  # fmt: skip
         model = models[group]
         predicted = predict_row(row, model)
-        out[row.row_id] = {"error": None if predicted is None else predicted / row.per_gpu - 1, "held_out": group,
+        out[row.row_id] = {"error": None if predicted is None else predicted / row.samples_per_gpu - 1, "held_out": group,
                            "fitted_on": model.rows}  # fmt: skip
     return out
 
@@ -150,7 +150,7 @@ def _errors(rows: list[PublishedRow], model_for) -> dict[str, float | None]:
     out = {}
     for row in rows:
         predicted = predict_row(row, model_for(row))
-        out[row.row_id] = None if predicted is None else predicted / row.per_gpu - 1
+        out[row.row_id] = None if predicted is None else predicted / row.samples_per_gpu - 1
     return out
 
 
@@ -193,16 +193,20 @@ def run(folder: Path, both_formats: bool = False) -> dict:
         plan, input_s = planned or (None, None)
         table.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "precision": row.precision,
                       "memory_format": row.memory_format or "-", "batch_per_gpu": row.batch_per_gpu,
-                      "published_per_gpu": round(row.per_gpu, 2), "plan_per_gpu": plan and round(plan, 2),
-                      "plan_error": plan and round(plan / row.per_gpu - 1, 4), "plan_input_s_per_step": input_s,
+                      "published_per_gpu": round(row.samples_per_gpu, 2), "plan_per_gpu": plan and round(plan, 2),
+                      "plan_error": plan and round(plan / row.samples_per_gpu - 1, 4), "plan_input_s_per_step": input_s,
                       "in_sample_error": round(in_sample[row.row_id], 4),
                       "loo_gpu_error": round(loo_gpu[row.row_id], 4),
                       "loo_family_error": round(loo_family[row.row_id], 4), "source": row.source})  # fmt: skip
-    references = [{"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "framework": row.framework,
-                   "published_per_gpu": round(row.per_gpu, 2),
-                   "predicted_per_gpu": round(predict_row(row, full), 2),
-                   "error": round(predict_row(row, full) / row.per_gpu - 1, 4), "why_reference": row.note[:120]}
-                  for row in rows if row.use == "reference"]  # fmt: skip
+    references = []
+    for row in rows:
+        if row.use == "reference":
+            predicted = predict_row(row, full)
+            references.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count,
+                               "framework": row.framework, "published_per_gpu": round(row.samples_per_gpu, 4),
+                               "predicted_per_gpu": None if predicted is None else round(predicted, 4),
+                               "error": None if predicted is None else round(predicted / row.samples_per_gpu - 1, 4),
+                               "why_reference": row.note[:160]})  # fmt: skip
     resnet = measured[("resnet50_v1.5_224", "channels_last")]
     return {
         "rows": table, "references": references,
@@ -268,8 +272,10 @@ def print_report(result: dict) -> None:
                   f"{busy['predicted_with_a_2x_slower_bench']:.2f}/s from the same bench twice as slow")  # fmt: skip
     console.print("reference rows (not calibrated, outside the targets):")
     for item in result["references"]:
-        console.print(f"  {item['row_id']}: published {item['published_per_gpu']:,.1f}, predicted "
-                      f"{item['predicted_per_gpu']:,.1f} ({item['error']:+.1%}), {item['framework']}")  # fmt: skip
+        predicted = ("not predicted (float8: no fp8 peak in the GPU table)" if item["predicted_per_gpu"] is None
+                     else f"predicted {item['predicted_per_gpu']:,.3g} ({item['error']:+.1%})")  # fmt: skip
+        console.print(f"  {item['row_id']}: published {item['published_per_gpu']:,.3g}/s a GPU, {predicted}, "
+                      f"{item['framework']}")  # fmt: skip
 
 
 def main() -> None:
@@ -285,7 +291,7 @@ def main() -> None:
 
         from skylift.plan.published_trace import write_structures
 
-        keys = sorted({(row.workload, row.precision == "amp", row.batch_per_gpu) for row in load_published()})
+        keys = sorted({(row.workload, row.half, row.batch_per_gpu) for row in load_published()})
         write_structures(Path(str(resources.files("skylift.plan").joinpath("published_structure.csv"))), keys)
     with tempfile.TemporaryDirectory() as folder:
         result = run(Path(folder), args.both_formats)

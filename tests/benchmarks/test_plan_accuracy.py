@@ -59,7 +59,7 @@ def test_the_load_note_warns_when_others_held_the_cpus():
 
 
 def _predicted(result: dict, rows: list) -> dict[str, float]:
-    return {row.row_id: (1 + result[row.row_id]["error"]) * row.per_gpu for row in rows}
+    return {row.row_id: (1 + result[row.row_id]["error"]) * row.samples_per_gpu for row in rows}
 
 
 def test_leave_one_workload_out_never_fits_on_the_held_out_workload():

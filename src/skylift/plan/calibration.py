@@ -47,8 +47,8 @@ from skylift.plan.published import PublishedRow, WorkloadStructure, load_publish
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling", "predict_row",
-           "seconds_per_sample", "shipped_gpu_model", "tensor_cores"]  # fmt: skip
+__all__ = ["RECOMPUTED_FORWARD", "GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling",
+           "predict_row", "recomputation", "seconds_per_sample", "shipped_gpu_model", "tensor_cores"]  # fmt: skip
 
 _BOUNDS = {"compute_share": (0.05, 1.0), "bandwidth_share": (0.01, 50.0), "memory_bandwidth_share": (0.01, 50.0),
            "layout": (1e-3, 50.0), "seconds_per_op": (1e-9, 1e-4)}  # fmt: skip
@@ -165,6 +165,22 @@ def seconds_per_sample(structure: JobStructure, spec: GpuSpec, precision: str, f
             "launch": factors.seconds_per_op * structure.ops_per_micro_step / micro_batch}  # fmt: skip
 
 
+RECOMPUTED_FORWARD = {"": 0.0, "selective": 0.5, "full": 1.0}
+"""Share of the forward that activation checkpointing runs again in backward: ``full``
+every layer's forward; ``selective`` (torchtitan's ``op`` policy) keeps the attention's
+output and every other matmul's, so half of the forward's matmuls and the elementwise
+ops between them run again (counted as half of the forward)."""
+
+
+def recomputation(checkpointing: str, parts: dict[str, float]) -> float:
+    """How much longer forward + backward is with ``checkpointing``: the forward is a third
+    of the FLOPs and of the traffic of forward + backward (backward computes two products
+    per forward one), and the recomputed share of it runs again; launches are per op and
+    recomputation repeats the same share of them."""
+    share = RECOMPUTED_FORWARD[checkpointing]
+    return 1.0 + share / 3.0 if sum(parts.values()) > 0 else 1.0
+
+
 def node_scaling(factors: KindFactors, precision: str, ranks_per_node: int) -> float:
     """How much longer each rank's step is with ``ranks_per_node`` GPUs in the node."""
     alpha = factors.scaling.get(_scaling_class(precision), 0.0)
@@ -223,7 +239,7 @@ def _fit_kind(kind: str, rows: list[PublishedRow], structures: dict) -> KindFact
     def residuals(x: Iterable[float]) -> list[float]:
         factors = factors_at(x)
         return [math.log(sum(seconds_per_sample(job, row.spec, _precision(row), factors, row.batch_per_gpu).values())
-                         * row.per_gpu) for job, row in cases]  # fmt: skip
+                         * row.samples_per_gpu) for job, row in cases]  # fmt: skip
 
     start = [math.log(value) for value in (0.5, 0.5, 0.5, 1.0, 1e-6)]
     return replace(factors_at(_least_squares(residuals, start, lower, upper)), rows=tuple(row.row_id for row in rows))
@@ -235,8 +251,8 @@ def _fit_scaling(factors: KindFactors, rows: list[PublishedRow], structures: dic
     by_class: dict[str, list[float]] = {}
     used = []
     for single, multi in pairs_for_scaling(rows):
-        step_1 = multi.batch_per_gpu / single.per_gpu
-        step_n = multi.batch_per_gpu / multi.per_gpu
+        step_1 = multi.batch_per_gpu / single.samples_per_gpu
+        step_n = multi.batch_per_gpu / multi.samples_per_gpu
         exposed = _allreduce_s(_structure(multi, structures), multi, step_1)
         growth = (step_n - exposed - step_1) / (step_1 * math.log2(multi.gpu_count))
         by_class.setdefault(_scaling_class(_precision(multi)), []).append(max(0.0, growth))
@@ -257,11 +273,11 @@ def _allreduce_s(structure: WorkloadStructure, row: PublishedRow, compute_s: flo
 
 
 def _precision(row: PublishedRow) -> str:
-    return {"amp": "bf16", "tf32": "tf32", "fp32": "fp32"}[row.precision]
+    return {"amp": "bf16", "tf32": "tf32", "fp32": "fp32", "fp8": "bf16"}[row.precision]
 
 
 def _structure(row: PublishedRow, structures: dict) -> WorkloadStructure:
-    return structures[(row.workload, row.precision == "amp", row.batch_per_gpu)]
+    return structures[(row.workload, row.half, row.batch_per_gpu)]
 
 
 def _kind(row: PublishedRow, structures: dict) -> str:
@@ -307,14 +323,17 @@ def shipped_gpu_model() -> GpuModel:
 
 def predict_row(row: PublishedRow, model: GpuModel) -> float | None:
     """Samples/s of one GPU of ``row``'s configuration as ``model`` predicts it (``None``:
-    no factors for the row's kind)."""
+    no factors for the row's kind, or float8 matmuls, whose peak the GPU table lacks)."""
+    if row.precision == "fp8":
+        return None
     structure = _structure(row, load_structures())
     job = JobStructure.of(structure, row.memory_format)
     factors = model.kinds.get(job.kind)
     if factors is None:
         return None
     precision = _precision(row)
-    step_1 = sum(seconds_per_sample(job, row.spec, precision, factors, row.batch_per_gpu).values()) * row.batch_per_gpu
+    parts = seconds_per_sample(job, row.spec, precision, factors, row.batch_per_gpu)
+    step_1 = sum(parts.values()) * row.batch_per_gpu * recomputation(row.activation_checkpointing, parts)
     step = step_1 * node_scaling(factors, precision, row.gpu_count)
     if row.gpu_count > 1:
         step += _allreduce_s(structure, row, step_1)

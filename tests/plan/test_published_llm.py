@@ -1,0 +1,72 @@
+"""Causal-LM rows of the published table: the decoder's trace, the row conditions the
+model reads (tokens, recomputation, a stated bandwidth, float8) and their predictions."""
+
+from __future__ import annotations
+
+import pytest
+
+from skylift.plan.calibration import predict_row, shipped_gpu_model
+from skylift.plan.published import PublishedRow, load_published, load_structures
+
+TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False}  # fmt: skip
+
+
+def _row(row_id: str) -> PublishedRow:
+    return next(row for row in load_published() if row.row_id == row_id)
+
+
+def test_the_decoder_trace_counts_attention_as_one_fused_kernel():
+    from skylift.plan.published_trace import trace_decoder
+
+    short, parameters = trace_decoder(TINY, 1024, 1, half=True)
+    long, _ = trace_decoder(TINY, 2048, 1, half=True)
+    # The math path's score matrix (heads x sequence^2) would make the traffic per token grow
+    # with the sequence; the fused kernel's (and everything else's) is per token.
+    assert long.memory_op_bytes_per_sample / 2048 == pytest.approx(short.memory_op_bytes_per_sample / 1024, rel=0.02)
+    # FLOPs: 6 per matmul weight per token, and the attention's two products (4 x sequence x
+    # width per token and layer in forward, 2.5 times that in backward: PyTorch's flash formula).
+    matmul_weights = parameters - TINY["vocab_size"] * TINY["hidden_size"] - (2 * 2 + 1) * TINY["hidden_size"]
+    expected = 1024 * (6 * matmul_weights + 3.5 * 4 * TINY["num_hidden_layers"] * 1024 * TINY["hidden_size"])
+    assert short.flops_per_sample == pytest.approx(expected, rel=1e-3)
+
+
+def test_the_shipped_llama_structure_is_meta_llama3_8b():
+    structure = load_structures()[("llama3.1_8b_8192", True, 2)]
+    assert structure.model_bytes / 4 == pytest.approx(8.03e9, rel=1e-3)
+    per_token = structure.flops_per_sample / 8192  # torchtitan's 6N + 12 L d S, with flash's backward at 2.5x
+    assert per_token == pytest.approx(6 * (8.030e9 - 128256 * 4096) + 3.5 * 4 * 32 * 8192 * 4096, rel=2e-3)
+
+
+def test_a_tokens_row_needs_its_sequence_length_and_predicts_sequences():
+    row = _row("tt-llama31-8b-h100-8x-fsdp")
+    assert row.per_gpu == 5762 and row.samples_per_gpu == pytest.approx(5762 / 8192)
+    with pytest.raises(ValueError, match="sequence_length"):
+        PublishedRow.model_validate({**row.model_dump(), "sequence_length": None})
+    assert row.spec.memory_bandwidth_bytes_per_s == 2.4e12  # the page's figure, not the SXM data sheet's
+
+
+def test_recomputation_and_float8_are_read_from_the_row():
+    model = shipped_gpu_model()
+    selective = _row("tt-llama31-8b-h100-8x-fsdp")
+    none = selective.model_copy(update={"activation_checkpointing": ""})
+    full = selective.model_copy(update={"activation_checkpointing": "full"})
+    base = predict_row(none, model)
+    assert base is not None and predict_row(full, model) < predict_row(selective, model) < base
+    assert predict_row(_row("tt-llama31-8b-h100-8x-fsdp-compile-float8"), model) is None  # no fp8 peak: not guessed
+
+
+def test_the_llama_row_is_predicted_within_the_target_without_seeing_it():
+    from benchmarks.plan_published import cross_validate
+
+    rows = list(load_published())
+    for by in ("workload", "gpu"):
+        error = cross_validate(rows, by)["tt-llama31-8b-h100-8x-fsdp"]["error"]
+        assert abs(error) <= 0.15, (by, error)
+
+
+def test_an_unknown_parallelism_names_the_field():
+    row = _row("tt-llama31-8b-h100-8x-fsdp").model_dump()
+    with pytest.raises(ValueError, match="parallelism"):
+        PublishedRow.model_validate({**row, "parallelism": "zero3"})

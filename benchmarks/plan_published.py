@@ -136,6 +136,11 @@ def cross_validate(rows: list[PublishedRow], by: str) -> dict[str, dict]:
     return out
 
 
+def _rounded(error: float | None) -> float | None:
+    """An error to 4 places; ``None`` (a row the model does not predict: float8) stays ``None``."""
+    return None if error is None else round(error, 4)
+
+
 def _cv_summary(result: dict[str, dict], rows: list[PublishedRow]) -> dict:
     """Mean and worst |error| of a cross-validation, with the rows and workloads behind it."""
     summary = _summary({row_id: item["error"] for row_id, item in result.items()})
@@ -202,9 +207,10 @@ def run(folder: Path, both_formats: bool = False) -> dict:
     for row in rows:
         if row.use == "reference":
             predicted = predict_row(row, full)
-            references.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count,
-                               "framework": row.framework, "published_per_gpu": round(row.samples_per_gpu, 4),
-                               "predicted_per_gpu": None if predicted is None else round(predicted, 4),
+            per_unit = row.sequence_length or 1  # tokens/s rows are printed in tokens
+            references.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "unit": row.unit,
+                               "framework": row.framework, "published_per_gpu": round(row.per_gpu, 2),
+                               "predicted_per_gpu": None if predicted is None else round(predicted * per_unit, 2),
                                "error": None if predicted is None else round(predicted / row.samples_per_gpu - 1, 4),
                                "why_reference": row.note[:160]})  # fmt: skip
     resnet = measured[("resnet50_v1.5_224", "channels_last")]
@@ -212,9 +218,9 @@ def run(folder: Path, both_formats: bool = False) -> dict:
         "rows": table, "references": references,
         "cross_validation": {
             "leave_one_workload_out": {"summary": _cv_summary(by_workload, rows),
-                                       "rows": {key: round(item["error"], 4) for key, item in by_workload.items()}},
+                                       "rows": {key: _rounded(item["error"]) for key, item in by_workload.items()}},
             "leave_one_gpu_out": {"summary": _cv_summary(by_gpu_all, rows),
-                                  "rows": {key: round(item["error"], 4) for key, item in by_gpu_all.items()}},
+                                  "rows": {key: _rounded(item["error"]) for key, item in by_gpu_all.items()}},
         },
         "summary": {"leave_one_gpu_out": _summary(loo_gpu), "leave_one_family_out": _summary(loo_family),
                     "in_sample": _summary(in_sample),
@@ -273,8 +279,8 @@ def print_report(result: dict) -> None:
     console.print("reference rows (not calibrated, outside the targets):")
     for item in result["references"]:
         predicted = ("not predicted (float8: no fp8 peak in the GPU table)" if item["predicted_per_gpu"] is None
-                     else f"predicted {item['predicted_per_gpu']:,.3g} ({item['error']:+.1%})")  # fmt: skip
-        console.print(f"  {item['row_id']}: published {item['published_per_gpu']:,.3g}/s a GPU, {predicted}, "
+                     else f"predicted {item['predicted_per_gpu']:,.1f} ({item['error']:+.1%})")  # fmt: skip
+        console.print(f"  {item['row_id']}: published {item['published_per_gpu']:,.1f} {item['unit']} a GPU, {predicted}, "
                       f"{item['framework']}")  # fmt: skip
 
 

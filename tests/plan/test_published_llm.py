@@ -70,3 +70,20 @@ def test_an_unknown_parallelism_names_the_field():
     row = _row("tt-llama31-8b-h100-8x-fsdp").model_dump()
     with pytest.raises(ValueError, match="parallelism"):
         PublishedRow.model_validate({**row, "parallelism": "zero3"})
+
+
+def test_a_plan_of_the_llama_job_prints_the_row_it_stands_on_and_its_error():
+    from skylift.plan.calibration import standing_row
+
+    structure = load_structures()[("llama3.1_8b_8192", True, 2)]
+    # What a bench of the 8B preset traces: attention on meta's math path counts 12, not 14,
+    # x sequence x width a token and layer (3.6 % fewer FLOPs): still this workload.
+    flops = structure.flops_per_sample - 2 * 32 * 8192 * 8192 * 4096
+    line = standing_row(flops, structure.model_bytes)
+    assert line is not None and line.startswith("the published row this job stands on: tt-llama31-8b-h100-8x-fsdp ")
+    assert "published 5,762.0 tokens/s a GPU, the GPU model 6,049.5 (+5.0%; the model was never fitted on it)" in line
+    assert "pytorch/torchtitan@b5bcd76c:benchmarks/llama3_h100_202412_torchtitan.md" in line
+    resnet = load_structures()[("resnet50_v1.5_224", True, 256)]
+    assert "dle-rn50-2103-a100-80-1x-amp" in standing_row(resnet.flops_per_sample, resnet.model_bytes)
+    assert "fitted on it" in standing_row(resnet.flops_per_sample, resnet.model_bytes)
+    assert standing_row(flops / 2, structure.model_bytes) is None  # another sequence length: no row

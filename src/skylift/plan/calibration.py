@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["RECOMPUTED_FORWARD", "GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling",
-           "predict_row", "recomputation", "seconds_per_sample", "shipped_gpu_model", "tensor_cores"]  # fmt: skip
+           "predict_row", "recomputation", "seconds_per_sample", "shipped_gpu_model", "standing_row",
+           "tensor_cores"]  # fmt: skip
 
 _BOUNDS = {"compute_share": (0.05, 1.0), "bandwidth_share": (0.01, 50.0), "memory_bandwidth_share": (0.01, 50.0),
            "layout": (1e-3, 50.0), "seconds_per_op": (1e-9, 1e-4)}  # fmt: skip
@@ -338,3 +339,34 @@ def predict_row(row: PublishedRow, model: GpuModel) -> float | None:
     if row.gpu_count > 1:
         step += _allreduce_s(structure, row, step_1)
     return row.batch_per_gpu / step
+
+
+def standing_row(flops_per_sample: float | None, model_bytes: float | None) -> str | None:
+    """The published row a job of this structure stands on, in words: the predicted row
+    whose workload has the job's parameters (within 1 %) and FLOPs per sample (within 5 %:
+    the meta trace counts attention's backward as the math path or the flash kernel does),
+    with what it published, what the shipped model predicts and the error, and whether
+    the model was fitted on it. ``None``: no published workload is this job."""
+    if not flops_per_sample or not model_bytes:
+        return None
+    structures = load_structures()
+    model = shipped_gpu_model()
+    for row in sorted(load_published(), key=lambda row: (row.use != "calibrate", row.gpu_count != 1)):
+        structure = _structure(row, structures)
+        if abs(structure.model_bytes / model_bytes - 1) > 0.01 or abs(structure.flops_per_sample /
+                                                                     flops_per_sample - 1) > 0.05:  # fmt: skip
+            continue
+        predicted = predict_row(row, model)
+        if predicted is None:
+            continue
+        per_unit = row.sequence_length or 1
+        conditions = ", ".join(part for part in (
+            f"{row.gpu_count}x {row.gpu}", row.precision, f"batch {row.batch_per_gpu} a GPU",
+            f"{row.sequence_length:,} tokens a sample" if row.sequence_length else "", row.parallelism,
+            f"{row.activation_checkpointing} activation checkpointing" if row.activation_checkpointing else "",
+            row.software) if part)  # fmt: skip
+        fitted = "the model was fitted on it" if row.row_id in model.rows else "the model was never fitted on it"
+        return (f"the published row this job stands on: {row.row_id} ({row.workload}; {conditions}): published "
+                f"{row.per_gpu:,.1f} {row.unit} a GPU, the GPU model {predicted * per_unit:,.1f} "
+                f"({predicted / row.samples_per_gpu - 1:+.1%}; {fitted}); {row.source}")  # fmt: skip
+    return None

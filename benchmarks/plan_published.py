@@ -81,7 +81,7 @@ def traced_measurement(workload: str, batch: int) -> Measurement:
         peak_device_memory_bytes=None, peak_host_memory_bytes=None, checkpoint_save_s=None, run_dir="",
         memory_op_bytes_per_sample=structure.memory_op_bytes_per_sample, traffic_half=half,
         conv_flops_per_sample=structure.conv_flops_per_sample, intensity_bins=list(structure.intensity_bins),
-        traced_ops_per_micro_step=structure.ops_per_micro_step, channels_last=False,
+        traced_ops_per_micro_step=structure.ops_per_micro_step, channels_last=False, activation_checkpointing=False,
         notes=["traced on meta: no step was run"],
     )  # fmt: skip
 

@@ -87,3 +87,33 @@ def test_a_plan_of_the_llama_job_prints_the_row_it_stands_on_and_its_error():
     assert "dle-rn50-2103-a100-80-1x-amp" in standing_row(resnet.flops_per_sample, resnet.model_bytes)
     assert "fitted on it" in standing_row(resnet.flops_per_sample, resnet.model_bytes)
     assert standing_row(flops / 2, structure.model_bytes) is None  # another sequence length: no row
+
+
+def test_a_bench_with_activation_checkpointing_is_planned_with_the_recomputed_forward():
+    from skylift.plan.gpu_compute import calibrated_compute
+    from tests.plan.test_published import structured
+
+    plain = structured("bert_large_squad_384", 32, True, activation_checkpointing=False)
+    checkpointed = plain.model_copy(update={"activation_checkpointing": True})
+    unknown = plain.model_copy(update={"activation_checkpointing": None})
+    base = calibrated_compute(plain, "a100-sxm-80gb", "bf16", 1, (1, 32))
+    again = calibrated_compute(checkpointed, "a100-sxm-80gb", "bf16", 1, (1, 32))
+    assert base is not None and again is not None and not base.recomputed
+    assert again.seconds == pytest.approx(base.seconds * 4 / 3) and "recomputed forward (33% more" in again.recomputed
+    said = calibrated_compute(unknown, "a100-sxm-80gb", "bf16", 1, (1, 32))
+    assert said is not None and said.seconds == base.seconds and "did not record" in said.recomputed
+
+
+def test_a_run_folder_records_whether_it_checkpointed_activations(tmp_path):
+    import json
+
+    from skylift.plan.measurement import measurement_from_run_dir
+
+    records = [{"kind": "run_start", "time": 0.0, "world_size": 1, "device": "cpu", "device_name": "test CPU",
+                "precision": "fp32", "cpu_count": 2, "peak_flops_per_s": 1e10}]  # fmt: skip
+    records += [{"kind": "train", "time": float(step), "step": step, "samples_seen": 8 * step, "step_time_s": 1.0}
+                for step in range(1, 7)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    for text, expected in (("activation_checkpointing:\n  enabled: true\n", True), ("", False)):
+        (tmp_path / "config.yaml").write_text("data:\n  global_batch_size: 8\n" + text)
+        assert measurement_from_run_dir(tmp_path, config_path="c.yaml").activation_checkpointing is expected

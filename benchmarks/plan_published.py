@@ -26,7 +26,12 @@ on every calibrated row), **leave-one-GPU-out** (each GPU's rows predicted by fa
 fitted without any row of that GPU: ``a100-sxm-80gb``), and leave-one-family-out (without
 any row of the family: every A100, every V100). Targets: mean |error| <= 10% and every
 row within 20%, leave-one-GPU-out. ``reference`` rows (MXNet MLPerf, NVIDIA's fused
-pre-training) are printed beside, outside the targets.
+pre-training, torchtitan's Llama 3.1 8B) are printed beside, outside the targets.
+
+Then both cross-validations over every row, calibrated and reference, side by side
+(:func:`cross_validate`): **leave-one-workload-out** (each workload's rows predicted by a
+fit on the calibrated rows of the other workloads) and leave-one-GPU-out, each with the
+rows, workloads and GPUs behind it and its worst rows (``cross_validation`` in the JSON).
 
     python -m benchmarks.plan_published                      # benchmarks/results/plan_published.json
     python -m benchmarks.plan_published --refresh-structure  # re-trace published_structure.csv first

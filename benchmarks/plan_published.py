@@ -26,7 +26,12 @@ on every calibrated row), **leave-one-GPU-out** (each GPU's rows predicted by fa
 fitted without any row of that GPU: ``a100-sxm-80gb``), and leave-one-family-out (without
 any row of the family: every A100, every V100). Targets: mean |error| <= 10% and every
 row within 20%, leave-one-GPU-out. ``reference`` rows (MXNet MLPerf, NVIDIA's fused
-pre-training) are printed beside, outside the targets.
+pre-training, torchtitan's Llama 3.1 8B) are printed beside, outside the targets.
+
+Then both cross-validations over every row, calibrated and reference, side by side
+(:func:`cross_validate`): **leave-one-workload-out** (each workload's rows predicted by a
+fit on the calibrated rows of the other workloads) and leave-one-GPU-out, each with the
+rows, workloads and GPUs behind it and its worst rows (``cross_validation`` in the JSON).
 
     python -m benchmarks.plan_published                      # benchmarks/results/plan_published.json
     python -m benchmarks.plan_published --refresh-structure  # re-trace published_structure.csv first
@@ -81,7 +86,7 @@ def traced_measurement(workload: str, batch: int) -> Measurement:
         peak_device_memory_bytes=None, peak_host_memory_bytes=None, checkpoint_save_s=None, run_dir="",
         memory_op_bytes_per_sample=structure.memory_op_bytes_per_sample, traffic_half=half,
         conv_flops_per_sample=structure.conv_flops_per_sample, intensity_bins=list(structure.intensity_bins),
-        traced_ops_per_micro_step=structure.ops_per_micro_step, channels_last=False,
+        traced_ops_per_micro_step=structure.ops_per_micro_step, channels_last=False, activation_checkpointing=False,
         notes=["traced on meta: no step was run"],
     )  # fmt: skip
 
@@ -114,11 +119,48 @@ def plan_prediction(measurement: Measurement, row: PublishedRow) -> tuple[float,
     return row.batch_per_gpu / step_s, prediction.parts_s["input"]
 
 
+def cross_validate(rows: list[PublishedRow], by: str) -> dict[str, dict]:
+    """Every row predicted by a fit that never saw its group: ``by="workload"`` holds out
+    every row of the row's workload (leave-one-workload-out), ``by="gpu"`` every row of its
+    GPU (leave-one-GPU-out). The fit takes the ``calibrate`` rows of ``rows`` outside the
+    group; every row, ``reference`` ones too, is predicted. Per row: the error
+    (predicted / published - 1, ``None``: no factors for its kind), the group held out, and
+    the rows the fit stood on (so a leak shows)."""
+    table = tuple(rows)
+    models: dict[str, GpuModel] = {}
+    out = {}
+    for row in rows:
+        group = row.workload if by == "workload" else row.gpu
+        if group not in models:
+            models[group] = (fit_gpu_model(table, hold_out_workload=group) if by == "workload"
+                             else fit_gpu_model(table, hold_out=group))  # fmt: skip
+        model = models[group]
+        predicted = predict_row(row, model)
+        out[row.row_id] = {"error": None if predicted is None else predicted / row.samples_per_gpu - 1, "held_out": group,
+                           "fitted_on": model.rows}  # fmt: skip
+    return out
+
+
+def _rounded(error: float | None) -> float | None:
+    """An error to 4 places; ``None`` (a row the model does not predict: float8) stays ``None``."""
+    return None if error is None else round(error, 4)
+
+
+def _cv_summary(result: dict[str, dict], rows: list[PublishedRow]) -> dict:
+    """Mean and worst |error| of a cross-validation, with the rows and workloads behind it."""
+    summary = _summary({row_id: item["error"] for row_id, item in result.items()})
+    by_id = {row.row_id: row for row in rows}
+    return {**summary, "workloads": len({by_id[row_id].workload for row_id in result}),
+            "gpus": len({by_id[row_id].gpu for row_id in result}),
+            "worst_rows": sorted(((row_id, round(item["error"], 4)) for row_id, item in result.items()
+                                  if item["error"] is not None), key=lambda pair: -abs(pair[1]))[:5]}  # fmt: skip
+
+
 def _errors(rows: list[PublishedRow], model_for) -> dict[str, float | None]:
     out = {}
     for row in rows:
         predicted = predict_row(row, model_for(row))
-        out[row.row_id] = None if predicted is None else predicted / row.per_gpu - 1
+        out[row.row_id] = None if predicted is None else predicted / row.samples_per_gpu - 1
     return out
 
 
@@ -152,6 +194,7 @@ def run(folder: Path, both_formats: bool = False) -> dict:
     loo_gpu = _errors(calibrated, lambda row: by_gpu.setdefault(row.gpu, fit_gpu_model(hold_out=row.gpu)))
     loo_family = _errors(calibrated, lambda row: by_family.setdefault(row.family, fit_gpu_model(hold_out=row.family)))
     in_sample = _errors(calibrated, lambda row: full)
+    by_workload, by_gpu_all = cross_validate(rows, "workload"), cross_validate(rows, "gpu")
     measured = _measurements(folder, both_formats)
     table = []
     for row in calibrated:
@@ -160,19 +203,30 @@ def run(folder: Path, both_formats: bool = False) -> dict:
         plan, input_s = planned or (None, None)
         table.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "precision": row.precision,
                       "memory_format": row.memory_format or "-", "batch_per_gpu": row.batch_per_gpu,
-                      "published_per_gpu": round(row.per_gpu, 2), "plan_per_gpu": plan and round(plan, 2),
-                      "plan_error": plan and round(plan / row.per_gpu - 1, 4), "plan_input_s_per_step": input_s,
+                      "published_per_gpu": round(row.samples_per_gpu, 2), "plan_per_gpu": plan and round(plan, 2),
+                      "plan_error": plan and round(plan / row.samples_per_gpu - 1, 4), "plan_input_s_per_step": input_s,
                       "in_sample_error": round(in_sample[row.row_id], 4),
                       "loo_gpu_error": round(loo_gpu[row.row_id], 4),
                       "loo_family_error": round(loo_family[row.row_id], 4), "source": row.source})  # fmt: skip
-    references = [{"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "framework": row.framework,
-                   "published_per_gpu": round(row.per_gpu, 2),
-                   "predicted_per_gpu": round(predict_row(row, full), 2),
-                   "error": round(predict_row(row, full) / row.per_gpu - 1, 4), "why_reference": row.note[:120]}
-                  for row in rows if row.use == "reference"]  # fmt: skip
+    references = []
+    for row in rows:
+        if row.use == "reference":
+            predicted = predict_row(row, full)
+            per_unit = row.sequence_length or 1  # tokens/s rows are printed in tokens
+            references.append({"row_id": row.row_id, "gpu": row.gpu, "gpus": row.gpu_count, "unit": row.unit,
+                               "framework": row.framework, "published_per_gpu": round(row.per_gpu, 2),
+                               "predicted_per_gpu": None if predicted is None else round(predicted * per_unit, 2),
+                               "error": None if predicted is None else round(predicted / row.samples_per_gpu - 1, 4),
+                               "why_reference": row.note[:160]})  # fmt: skip
     resnet = measured[("resnet50_v1.5_224", "channels_last")]
     return {
         "rows": table, "references": references,
+        "cross_validation": {
+            "leave_one_workload_out": {"summary": _cv_summary(by_workload, rows),
+                                       "rows": {key: _rounded(item["error"]) for key, item in by_workload.items()}},
+            "leave_one_gpu_out": {"summary": _cv_summary(by_gpu_all, rows),
+                                  "rows": {key: _rounded(item["error"]) for key, item in by_gpu_all.items()}},
+        },
         "summary": {"leave_one_gpu_out": _summary(loo_gpu), "leave_one_family_out": _summary(loo_family),
                     "in_sample": _summary(in_sample),
                     "plan_path": _summary({item["row_id"]: item["plan_error"] for item in table})},
@@ -215,6 +269,13 @@ def print_report(result: dict) -> None:
     for name, summary in result["summary"].items():
         console.print(f"{name}: mean |error| {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
                       f"{summary['rows_within_20pct']}/{summary['rows']} rows within 20%")  # fmt: skip
+    console.print("cross-validation over every row (calibrated and reference), side by side:")
+    for name, item in result["cross_validation"].items():
+        summary = item["summary"]
+        worst = ", ".join(f"{row_id} {error:+.1%}" for row_id, error in summary["worst_rows"])
+        console.print(f"  {name}: mean |error| {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%} "
+                      f"over {summary['rows']} rows, {summary['workloads']} workloads, {summary['gpus']} GPUs; "
+                      f"worst rows: {worst}")  # fmt: skip
     for _kind, text in result["factors"].items():
         console.print(f"factors {text}")
     busy = result["busy_laptop"]
@@ -222,8 +283,10 @@ def print_report(result: dict) -> None:
                   f"{busy['predicted_with_a_2x_slower_bench']:.2f}/s from the same bench twice as slow")  # fmt: skip
     console.print("reference rows (not calibrated, outside the targets):")
     for item in result["references"]:
-        console.print(f"  {item['row_id']}: published {item['published_per_gpu']:,.1f}, predicted "
-                      f"{item['predicted_per_gpu']:,.1f} ({item['error']:+.1%}), {item['framework']}")  # fmt: skip
+        predicted = ("not predicted (float8: no fp8 peak in the GPU table)" if item["predicted_per_gpu"] is None
+                     else f"predicted {item['predicted_per_gpu']:,.1f} ({item['error']:+.1%})")  # fmt: skip
+        console.print(f"  {item['row_id']}: published {item['published_per_gpu']:,.1f} {item['unit']} a GPU, {predicted}, "
+                      f"{item['framework']}")  # fmt: skip
 
 
 def main() -> None:
@@ -239,7 +302,7 @@ def main() -> None:
 
         from skylift.plan.published_trace import write_structures
 
-        keys = sorted({(row.workload, row.precision == "amp", row.batch_per_gpu) for row in load_published()})
+        keys = sorted({(row.workload, row.half, row.batch_per_gpu) for row in load_published()})
         write_structures(Path(str(resources.files("skylift.plan").joinpath("published_structure.csv"))), keys)
     with tempfile.TemporaryDirectory() as folder:
         result = run(Path(folder), args.both_formats)

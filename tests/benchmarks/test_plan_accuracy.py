@@ -56,3 +56,43 @@ def test_the_load_note_warns_when_others_held_the_cpus():
     busy = [{"others_cpu_share": {"source": [0.56], "measured": [0.91]}}]
     assert load_note(busy).startswith("other processes took 56%-91% of the CPUs")
     assert "rerun on a quiet machine" in load_note(busy)
+
+
+def _predicted(result: dict, rows: list) -> dict[str, float]:
+    return {row.row_id: (1 + result[row.row_id]["error"]) * row.samples_per_gpu for row in rows}
+
+
+def test_leave_one_workload_out_never_fits_on_the_held_out_workload():
+    from benchmarks.plan_published import cross_validate
+    from skylift.plan.published import load_published
+
+    rows = list(load_published())
+    by_workload = cross_validate(rows, "workload")
+    workload_of = {row.row_id: row.workload for row in rows}
+    assert set(by_workload) == set(workload_of)  # every row, reference ones too
+    for row_id, item in by_workload.items():
+        assert item["held_out"] == workload_of[row_id] and item["fitted_on"]
+        assert not [seen for seen in item["fitted_on"] if workload_of[seen] == workload_of[row_id]]
+    # The published figures of the held-out workload change tenfold: its predictions must not move,
+    # while the leave-one-GPU-out fit (which does see them) moves, so a leak would show.
+    squad = "bert_large_squad_384"
+    tampered = [row.model_copy(update={"throughput": 10 * row.throughput}) if row.workload == squad else row
+                for row in rows]  # fmt: skip
+    kept = [row for row in rows if row.workload == squad]
+    tampered_kept = [row for row in tampered if row.workload == squad]
+    before, after = _predicted(by_workload, kept), _predicted(cross_validate(tampered, "workload"), tampered_kept)
+    assert before == pytest.approx(after, rel=1e-9)
+    by_gpu_before = _predicted(cross_validate(rows, "gpu"), kept)
+    by_gpu_after = _predicted(cross_validate(tampered, "gpu"), tampered_kept)
+    assert by_gpu_after["dle-bertq-2111-a100-80-1x-amp"] > 1.5 * by_gpu_before["dle-bertq-2111-a100-80-1x-amp"]
+
+
+def test_leave_one_gpu_out_never_fits_on_the_held_out_gpu():
+    from benchmarks.plan_published import cross_validate
+    from skylift.plan.published import load_published
+
+    rows = list(load_published())
+    gpu_of = {row.row_id: row.gpu for row in rows}
+    for row_id, item in cross_validate(rows, "gpu").items():
+        assert item["held_out"] == gpu_of[row_id]
+        assert not [seen for seen in item["fitted_on"] if gpu_of[seen] == gpu_of[row_id]]

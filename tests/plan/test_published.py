@@ -44,7 +44,7 @@ def test_every_row_loads_validates_and_has_a_pinned_source():
 def test_every_row_has_a_traced_structure():
     structures = load_structures()
     missing = [row.row_id for row in load_published()
-               if (row.workload, row.precision == "amp", row.batch_per_gpu) not in structures]  # fmt: skip
+               if (row.workload, row.half, row.batch_per_gpu) not in structures]  # fmt: skip
     assert not missing
 
 

@@ -27,8 +27,9 @@ tables show beyond communication (input pipelines sharing the host, stragglers a
 step's synchronisation). ``log2``: the steps of a tree of ranks; one factor fits DLE's
 4-, 8- and 16-GPU BERT rows.
 
-``fit_gpu_model(hold_out=...)`` fits without the rows of one GPU: the leave-one-GPU-out
-check of ``benchmarks/plan_published.py``.
+``fit_gpu_model(hold_out=...)`` fits without the rows of one GPU, and
+``fit_gpu_model(hold_out_workload=...)`` without the rows of one workload: the
+leave-one-GPU-out and leave-one-workload-out checks of ``benchmarks/plan_published.py``.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from skylift.plan.published import PublishedRow, WorkloadStructure, load_publish
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling", "predict_row",
-           "seconds_per_sample", "shipped_gpu_model", "tensor_cores"]  # fmt: skip
+__all__ = ["RECOMPUTED_FORWARD", "GpuModel", "JobStructure", "KindFactors", "fit_gpu_model", "node_scaling",
+           "predict_row", "recomputation", "seconds_per_sample", "shipped_gpu_model", "standing_row",
+           "tensor_cores"]  # fmt: skip
 
 _BOUNDS = {"compute_share": (0.05, 1.0), "bandwidth_share": (0.01, 50.0), "memory_bandwidth_share": (0.01, 50.0),
            "layout": (1e-3, 50.0), "seconds_per_op": (1e-9, 1e-4)}  # fmt: skip
@@ -103,6 +105,9 @@ class KindFactors:
     """Single-GPU rows the five factors were fitted on."""
     scaling_rows: tuple[str, ...] = ()
     """Multi-GPU rows the scaling factors were fitted on."""
+    borrowed_from: tuple[str, ...] = ()
+    """The other kinds whose rows fitted these factors, where no row of this kind was
+    left to fit (a held-out workload); empty: fitted on rows of this kind."""
 
     def describe(self) -> str:
         """The factors in one line, with the rows they came from."""
@@ -112,7 +117,9 @@ class KindFactors:
                   f"{self.memory_bandwidth_share:.1%} of bandwidth" if self.bandwidth_share < 0.99 *
                   _BOUNDS["bandwidth_share"][1] else "no op group with FLOPs bandwidth-bound (its share at the "
                   f"bound), ops without FLOPs at {self.memory_bandwidth_share:.1%} of bandwidth")  # fmt: skip
-        return (f"{self.kind}: compute-bound ops at {self.compute_share:.1%} of peak, {memory}{layout}, "
+        borrowed = f" (no {self.kind} row left: borrowed from {', '.join(self.borrowed_from)})" if self.borrowed_from \
+            else ""
+        return (f"{self.kind}{borrowed}: compute-bound ops at {self.compute_share:.1%} of peak, {memory}{layout}, "
                 f"{self.seconds_per_op * 1e6:.2f} us per op per micro-step; per rank 1 + ({scaling}) x log2(GPUs in "
                 f"the node); fitted on {len(self.rows)} single-GPU rows ({', '.join(self.rows)}) and "
                 f"{len(self.scaling_rows)} multi-GPU rows ({', '.join(self.scaling_rows)})")  # fmt: skip
@@ -125,6 +132,13 @@ class GpuModel:
     kinds: dict[str, KindFactors]
     held_out: str | None = None
     """The GPU left out of the fit (``None``: every calibrated row used)."""
+    held_out_workload: str | None = None
+    """The workload left out of the fit (``None``: every workload used)."""
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """Every published row any factor of the model was fitted on."""
+        return tuple(sorted({row for factors in self.kinds.values() for row in (*factors.rows, *factors.scaling_rows)}))
 
 
 def tensor_cores(spec: GpuSpec, precision: str) -> bool:
@@ -150,6 +164,22 @@ def seconds_per_sample(structure: JobStructure, spec: GpuSpec, precision: str, f
             "memory": structure.memory_op_bytes_per_sample / (bandwidth * factors.memory_bandwidth_share),
             "layout": factors.layout * conv_bytes / bandwidth if nchw else 0.0,
             "launch": factors.seconds_per_op * structure.ops_per_micro_step / micro_batch}  # fmt: skip
+
+
+RECOMPUTED_FORWARD = {"": 0.0, "selective": 0.5, "full": 1.0}
+"""Share of the forward that activation checkpointing runs again in backward: ``full``
+every layer's forward; ``selective`` (torchtitan's ``op`` policy) keeps the attention's
+output and every other matmul's, so half of the forward's matmuls and the elementwise
+ops between them run again (counted as half of the forward)."""
+
+
+def recomputation(checkpointing: str, parts: dict[str, float]) -> float:
+    """How much longer forward + backward is with ``checkpointing``: the forward is a third
+    of the FLOPs and of the traffic of forward + backward (backward computes two products
+    per forward one), and the recomputed share of it runs again; launches are per op and
+    recomputation repeats the same share of them."""
+    share = RECOMPUTED_FORWARD[checkpointing]
+    return 1.0 + share / 3.0 if sum(parts.values()) > 0 else 1.0
 
 
 def node_scaling(factors: KindFactors, precision: str, ranks_per_node: int) -> float:
@@ -210,7 +240,7 @@ def _fit_kind(kind: str, rows: list[PublishedRow], structures: dict) -> KindFact
     def residuals(x: Iterable[float]) -> list[float]:
         factors = factors_at(x)
         return [math.log(sum(seconds_per_sample(job, row.spec, _precision(row), factors, row.batch_per_gpu).values())
-                         * row.per_gpu) for job, row in cases]  # fmt: skip
+                         * row.samples_per_gpu) for job, row in cases]  # fmt: skip
 
     start = [math.log(value) for value in (0.5, 0.5, 0.5, 1.0, 1e-6)]
     return replace(factors_at(_least_squares(residuals, start, lower, upper)), rows=tuple(row.row_id for row in rows))
@@ -222,8 +252,8 @@ def _fit_scaling(factors: KindFactors, rows: list[PublishedRow], structures: dic
     by_class: dict[str, list[float]] = {}
     used = []
     for single, multi in pairs_for_scaling(rows):
-        step_1 = multi.batch_per_gpu / single.per_gpu
-        step_n = multi.batch_per_gpu / multi.per_gpu
+        step_1 = multi.batch_per_gpu / single.samples_per_gpu
+        step_n = multi.batch_per_gpu / multi.samples_per_gpu
         exposed = _allreduce_s(_structure(multi, structures), multi, step_1)
         growth = (step_n - exposed - step_1) / (step_1 * math.log2(multi.gpu_count))
         by_class.setdefault(_scaling_class(_precision(multi)), []).append(max(0.0, growth))
@@ -244,30 +274,46 @@ def _allreduce_s(structure: WorkloadStructure, row: PublishedRow, compute_s: flo
 
 
 def _precision(row: PublishedRow) -> str:
-    return {"amp": "bf16", "tf32": "tf32", "fp32": "fp32"}[row.precision]
+    return {"amp": "bf16", "tf32": "tf32", "fp32": "fp32", "fp8": "bf16"}[row.precision]
 
 
 def _structure(row: PublishedRow, structures: dict) -> WorkloadStructure:
-    return structures[(row.workload, row.precision == "amp", row.batch_per_gpu)]
+    return structures[(row.workload, row.half, row.batch_per_gpu)]
 
 
 def _kind(row: PublishedRow, structures: dict) -> str:
     return JobStructure.of(_structure(row, structures), row.memory_format).kind
 
 
-def fit_gpu_model(rows: tuple[PublishedRow, ...] | None = None, hold_out: str | None = None) -> GpuModel:
+def fit_gpu_model(rows: tuple[PublishedRow, ...] | None = None, hold_out: str | None = None,
+                  hold_out_workload: str | None = None) -> GpuModel:  # fmt: skip
     """The factors from the calibrated rows (default: the shipped table), without any row
-    whose GPU (``a100-sxm-80gb``) or GPU family (``a100``) is ``hold_out``."""
+    whose GPU (``a100-sxm-80gb``) or GPU family (``a100``) is ``hold_out``, nor any row of
+    the workload ``hold_out_workload`` (``resnet50_v1.5_224``).
+
+    A kind left without a calibrated row (every row of it held out) is fitted on the
+    rows of the kinds that remain, and says so (``borrowed_from``): a held-out workload
+    is then predicted from what the other workloads taught, never left unpredicted."""
     structures = load_structures()
     chosen = [row for row in (rows if rows is not None else load_published())
-              if row.use == "calibrate" and hold_out not in (row.gpu, row.family)]  # fmt: skip
+              if row.use == "calibrate" and hold_out not in (row.gpu, row.family)
+              and row.workload != hold_out_workload]  # fmt: skip
     kinds = {}
-    for kind in ("conv", "gemm"):
+    for kind in _KINDS:
         of_kind = [row for row in chosen if _kind(row, structures) == kind]
         singles = [row for row in of_kind if row.gpu_count == 1]
         if singles:
             kinds[kind] = _fit_scaling(_fit_kind(kind, singles, structures), of_kind, structures)
-    return GpuModel(kinds=kinds, held_out=hold_out)
+    for kind in _KINDS:
+        others = [row for row in chosen if row.gpu_count == 1 and _kind(row, structures) != kind]
+        if kind not in kinds and others:
+            borrowed = _fit_kind(kind, others, structures)
+            kinds[kind] = replace(_fit_scaling(borrowed, [row for row in chosen if _kind(row, structures) != kind],
+                                               structures), borrowed_from=tuple(sorted(kinds)))  # fmt: skip
+    return GpuModel(kinds=kinds, held_out=hold_out, held_out_workload=hold_out_workload)
+
+
+_KINDS = ("conv", "gemm")
 
 
 @lru_cache(maxsize=1)
@@ -278,15 +324,49 @@ def shipped_gpu_model() -> GpuModel:
 
 def predict_row(row: PublishedRow, model: GpuModel) -> float | None:
     """Samples/s of one GPU of ``row``'s configuration as ``model`` predicts it (``None``:
-    no factors for the row's kind)."""
+    no factors for the row's kind, or float8 matmuls, whose peak the GPU table lacks)."""
+    if row.precision == "fp8":
+        return None
     structure = _structure(row, load_structures())
     job = JobStructure.of(structure, row.memory_format)
     factors = model.kinds.get(job.kind)
     if factors is None:
         return None
     precision = _precision(row)
-    step_1 = sum(seconds_per_sample(job, row.spec, precision, factors, row.batch_per_gpu).values()) * row.batch_per_gpu
+    parts = seconds_per_sample(job, row.spec, precision, factors, row.batch_per_gpu)
+    step_1 = sum(parts.values()) * row.batch_per_gpu * recomputation(row.activation_checkpointing, parts)
     step = step_1 * node_scaling(factors, precision, row.gpu_count)
     if row.gpu_count > 1:
         step += _allreduce_s(structure, row, step_1)
     return row.batch_per_gpu / step
+
+
+def standing_row(flops_per_sample: float | None, model_bytes: float | None) -> str | None:
+    """The published row a job of this structure stands on, in words: the predicted row
+    whose workload has the job's parameters (within 1 %) and FLOPs per sample (within 5 %:
+    the meta trace counts attention's backward as the math path or the flash kernel does),
+    with what it published, what the shipped model predicts and the error, and whether
+    the model was fitted on it. ``None``: no published workload is this job."""
+    if not flops_per_sample or not model_bytes:
+        return None
+    structures = load_structures()
+    model = shipped_gpu_model()
+    for row in sorted(load_published(), key=lambda row: (row.use != "calibrate", row.gpu_count != 1)):
+        structure = _structure(row, structures)
+        if abs(structure.model_bytes / model_bytes - 1) > 0.01 or abs(structure.flops_per_sample /
+                                                                     flops_per_sample - 1) > 0.05:  # fmt: skip
+            continue
+        predicted = predict_row(row, model)
+        if predicted is None:
+            continue
+        per_unit = row.sequence_length or 1
+        conditions = ", ".join(part for part in (
+            f"{row.gpu_count}x {row.gpu}", row.precision, f"batch {row.batch_per_gpu} a GPU",
+            f"{row.sequence_length:,} tokens a sample" if row.sequence_length else "", row.parallelism,
+            f"{row.activation_checkpointing} activation checkpointing" if row.activation_checkpointing else "",
+            row.software) if part)  # fmt: skip
+        fitted = "the model was fitted on it" if row.row_id in model.rows else "the model was never fitted on it"
+        return (f"the published row this job stands on: {row.row_id} ({row.workload}; {conditions}): published "
+                f"{row.per_gpu:,.1f} {row.unit} a GPU, the GPU model {predicted * per_unit:,.1f} "
+                f"({predicted / row.samples_per_gpu - 1:+.1%}; {fitted}); {row.source}")  # fmt: skip
+    return None

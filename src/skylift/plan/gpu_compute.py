@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from skylift.machine.gpus import gpu_spec, precision_class
-from skylift.plan.calibration import GpuModel, JobStructure, node_scaling, seconds_per_sample, shipped_gpu_model
+from skylift.plan.calibration import (
+    GpuModel,
+    JobStructure,
+    node_scaling,
+    recomputation,
+    seconds_per_sample,
+    shipped_gpu_model,
+)
 from skylift.plan.measurement import Measurement
 
 __all__ = ["CalibratedCompute", "calibrated_compute", "missing_structure"]
@@ -32,6 +39,8 @@ class CalibratedCompute:
     rows: tuple[str, ...]
     """Published rows the factors were fitted on (single-GPU, then multi-GPU)."""
     from_gpu_bench: bool = False
+    recomputed: str = ""
+    """How activation checkpointing's recomputation was counted, for the assumptions."""
 
 
 def missing_structure(m: Measurement) -> str | None:
@@ -82,11 +91,20 @@ def calibrated_compute(m: Measurement, gpu: str, precision: str, ranks_per_node:
     factors = model.kinds[job.kind]
     rows = factors.rows + (factors.scaling_rows if ranks_per_node > 1 else ())
     here = _measured_gpu_step(m, model)
-    if here is not None:
+    recomputed = ""
+    if here is not None:  # the GPU bench's measured time holds its own recomputation
         measured_s, model_s = here
         seconds *= measured_s / model_s
+    elif m.activation_checkpointing:
+        extra = recomputation("full", parts)
+        seconds, parts = seconds * extra, {name: value * extra for name, value in parts.items()}
+        recomputed = (f", plus activation checkpointing's recomputed forward ({extra - 1:.0%} more: every "
+                      "checkpointed block's forward runs again in backward)")  # fmt: skip
+    elif m.activation_checkpointing is None:
+        recomputed = ("; this bench did not record activation_checkpointing, so no recomputation is counted "
+                      "(bench again with this skylift)")  # fmt: skip
     return CalibratedCompute(seconds=seconds, kind=job.kind, parts_s=parts, node_scaling=scaling, rows=rows,
-                             from_gpu_bench=here is not None)  # fmt: skip
+                             from_gpu_bench=here is not None, recomputed=recomputed)  # fmt: skip
 
 
 def _measured_gpu_step(m: Measurement, model: GpuModel) -> tuple[float, float] | None:

@@ -103,6 +103,9 @@ class Measurement(BaseModel):
     """ATen ops of one traced forward + backward: the kernels a GPU launches per micro-step."""
     channels_last: bool | None = None
     """The config's ``channels_last`` (image models' activation layout on a GPU)."""
+    activation_checkpointing: bool | None = None
+    """The config's ``activation_checkpointing.enabled``: backward runs each checkpointed
+    block's forward again, which the meta trace does not count; ``None``: not recorded."""
     forward_backward_curve: dict[str, Any] | None = None
     """Forward + backward of the job's model timed here at two micro-batches and two
     thread counts (:mod:`skylift.plan.probe`): ``fixed_s`` and ``per_sample_s`` per
@@ -246,6 +249,7 @@ def measurement_from_run_dir(run_dir: Path, *, config_path: str, warmup_steps: i
         "peak_host_memory_bytes": None,
         "checkpoint_save_s": _checkpoint_save_s(records),
         "channels_last": bool(resolved.get("channels_last", False)),
+        "activation_checkpointing": bool((resolved.get("activation_checkpointing") or {}).get("enabled", False)),
         "run_dir": str(run_dir),
     }
     notes = [] if compute_s else ["no breakdown_s in the train records: set monitor.breakdown_every_steps"]

@@ -191,7 +191,7 @@ def _calibrated(m: Measurement, target: Target, micro_steps: tuple[int, int],
               calibrated.from_gpu_bench else "not the bench machine's speed")  # fmt: skip
     assumptions.append(f"{target.name}: forward/backward from the job's traced structure ({calibrated.kind}: FLOPs "
                        f"by op group, traffic, ops per micro-step) and the GPU model fitted to published rows, "
-                       f"{origin}")  # fmt: skip
+                       f"{origin}{calibrated.recomputed}")  # fmt: skip
     return calibrated
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from skylift.errors import SkyliftConfigError
 from skylift.machine.memory import MEMORY_HEADROOM, ModelMemory, Sharding
-from skylift.plan.calibration import KindFactors, shipped_gpu_model
+from skylift.plan.calibration import KindFactors, shipped_gpu_model, standing_row
 from skylift.plan.measurement import Measurement, config_fingerprint, find_latest
 from skylift.plan.model import predict_step, target_precision
 from skylift.plan.ranking import (
@@ -182,6 +182,11 @@ def _assumptions(source: str, m: Measurement, request: PlanRequest, candidates: 
     ]
     lines += elastic_assumptions(request)
     lines += [f"GPU model, {text}" for text in _gpu_model_lines(candidates)]
+    if any(candidate.prediction.calibrated_by for candidate in candidates):
+        standing = standing_row(m.flops_per_sample, m.model_bytes)
+        lines.append(f"GPU model, {standing}" if standing else "GPU model: no published row is this job's "
+                     "workload (its parameters and FLOPs per sample): its error is the cross-validations' "
+                     "(docs/plan.md)")  # fmt: skip
     if any(candidate.price_status == "price_unverified" for candidate in candidates):
         lines.append("price_unverified rows have no public price in the catalog: hours are predicted, dollars are "
                      "not; add yours with --price-file")  # fmt: skip

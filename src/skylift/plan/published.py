@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from skylift.errors import SkyliftConfigError
 from skylift.machine.gpus import GPU_TABLE, GpuSpec
@@ -43,16 +44,26 @@ class PublishedRow(BaseModel):
     """The GPU's entry in skylift's GPU table (``a100-sxm-80gb``)."""
     gpu_count: int = Field(ge=1)
     """GPUs the figure was measured on (all in one node for every calibrated row)."""
-    precision: Literal["amp", "tf32", "fp32"]
-    """``amp``: fp16/bf16 autocast; ``tf32``: fp32 tensors on TF32 tensor cores; ``fp32``: CUDA cores."""
+    precision: Literal["amp", "tf32", "fp32", "fp8"]
+    """``amp``: fp16/bf16 autocast; ``tf32``: fp32 tensors on TF32 tensor cores; ``fp32``: CUDA cores;
+    ``fp8``: float8 matmuls in the linear layers, bf16 elsewhere (the GPU table has no fp8
+    peak: such a row is kept, not predicted)."""
     memory_format: Literal["channels_last", "nchw", ""]
     """Image models' activation layout; empty for text models."""
     batch_per_gpu: int = Field(ge=1)
     """Samples per GPU per micro-step."""
+    sequence_length: int | None = None
+    """Tokens per sample of a language model's row read in ``tokens/s`` (``None``: the unit is samples)."""
+    parallelism: Literal["all-reduce", "fsdp"]
+    """``all-reduce``: data parallel, every GPU holds the model and the gradients are
+    all-reduced (DDP, Horovod); ``fsdp``: parameters sharded, gathered per layer, gradients
+    reduce-scattered."""
+    activation_checkpointing: Literal["", "selective", "full"]
+    """Recomputation in backward: none, some ops' outputs (torchtitan's ``selective``), every layer's."""
     throughput: float = Field(gt=0)
-    """Samples per second over all ``gpu_count`` GPUs."""
-    unit: Literal["images/s", "sequences/s"]
-    """What one sample is."""
+    """Samples (or, for ``tokens/s`` rows, tokens) per second over all ``gpu_count`` GPUs."""
+    unit: Literal["images/s", "sequences/s", "tokens/s"]
+    """What the throughput counts."""
     figure: Literal["quoted", "derived"]
     """``quoted``: as printed in the source; ``derived``: arithmetic on it, given in ``note``."""
     use: Literal["calibrate", "reference"]
@@ -67,6 +78,9 @@ class PublishedRow(BaseModel):
     """Container or release (``pytorch-21.03 NGC``)."""
     system: str = Field(min_length=1)
     """The machine (``DGX A100 (NVSwitch)``)."""
+    memory_bandwidth_gb_s: float | None = None
+    """The GPUs' memory bandwidth where the source states one other than the table entry's
+    data sheet (torchtitan's 500 W H100s with HBM2e: 2.4 TB/s); ``None``: the data sheet's."""
     intra_node_gb_s: float | None = None
     """GPU-to-GPU bandwidth of the system, GB/s both directions (multi-GPU rows)."""
     source_repo: str = Field(min_length=1)
@@ -87,15 +101,24 @@ class PublishedRow(BaseModel):
             raise ValueError(f"{value!r} is not in the GPU table ({', '.join(sorted(_ENTRIES))})")
         return value
 
-    @field_validator("intra_node_gb_s", mode="before")
+    @model_validator(mode="after")
+    def _tokens_need_a_length(self) -> PublishedRow:
+        if (self.unit == "tokens/s") != (self.sequence_length is not None):
+            raise ValueError("sequence_length is given exactly for the rows in tokens/s")
+        return self
+
+    @field_validator("intra_node_gb_s", "sequence_length", "memory_bandwidth_gb_s", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
     @property
     def spec(self) -> GpuSpec:
-        """The GPU's data-sheet figures."""
-        return _ENTRIES[self.gpu]
+        """The GPU's data-sheet figures, with the bandwidth the source states where it states one."""
+        sheet = _ENTRIES[self.gpu]
+        if self.memory_bandwidth_gb_s is None:
+            return sheet
+        return replace(sheet, memory_bandwidth_bytes_per_s=self.memory_bandwidth_gb_s * 1e9)
 
     @property
     def family(self) -> str:
@@ -104,8 +127,18 @@ class PublishedRow(BaseModel):
 
     @property
     def per_gpu(self) -> float:
-        """Samples per second of one GPU."""
+        """The throughput of one GPU, in the row's unit."""
         return self.throughput / self.gpu_count
+
+    @property
+    def samples_per_gpu(self) -> float:
+        """Samples (sequences, for ``tokens/s`` rows) per second of one GPU: what the model predicts."""
+        return self.per_gpu / (self.sequence_length or 1)
+
+    @property
+    def half(self) -> bool:
+        """Whether the row's activations are 2-byte (``amp``; ``fp8``: float8 matmuls, bf16 elsewhere)."""
+        return self.precision in ("amp", "fp8")
 
     @property
     def source(self) -> str:

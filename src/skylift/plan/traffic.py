@@ -2,8 +2,9 @@
 
 Every ATen op of one forward + backward is seen by a dispatch mode: its FLOPs come
 from PyTorch's own formulas (:mod:`torch.utils.flop_counter`, the ones MFU uses), its
-bytes are those of the tensors it reads and writes. That byte count is the traffic of
-an unfused execution (each op reads its inputs from memory and writes its output
+bytes are those of the tensors it reads and writes. Views (reshapes, transposes,
+slices, ``detach``) move nothing and launch nothing: they are left out of both. That
+byte count is the traffic of an unfused execution (each op reads its inputs from memory and writes its output
 back); fusion and caches make the real figure smaller, so it is an upper bound.
 
 Ops split into two classes by that trace: ``compute`` ops with a FLOP formula
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
 
-__all__ = ["StepTraffic", "trace_step_traffic"]
+__all__ = ["StepTraffic", "trace_model_traffic", "trace_step_traffic"]
 
 _HALF_BYTES = 2
 
@@ -60,16 +61,25 @@ def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) 
         ValueError: the model cannot be traced on meta (an op without a meta kernel, or
             streamed data whose sample shape is unknown before the first shard).
     """
+    from skylift.doctor.memory import meta_model_and_batch
+
+    model, batch, loss_fn = meta_model_and_batch(config, micro_batch_size)
+    return trace_model_traffic(model, batch, loss_fn, micro_batch_size, half=half)
+
+
+def trace_model_traffic(model: Any, batch: Any, loss_fn: Any, micro_batch_size: int, *, half: bool) -> StepTraffic:
+    """:func:`trace_step_traffic` of a model already built on meta: ``loss_fn(model,
+    batch)`` is one micro-batch's loss (a published workload skylift traces outside a
+    recipe, :mod:`skylift.plan.published_trace`)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.flop_counter import flop_registry
 
-    from skylift.doctor.memory import meta_model_and_batch
-
-    model, batch, loss_fn = meta_model_and_batch(config, micro_batch_size)
     totals = {"compute": 0.0, "memory": 0.0, "flops": 0.0, "conv_flops": 0.0, "ops": 0}
     convolutions = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+    # Aliases their schema does not mark as views (matmul's reshapes of contiguous tensors).
+    views = {torch.ops.aten._unsafe_view, torch.ops.aten.alias, torch.ops.aten.lift_fresh}
     bins: dict[float, list[float]] = {}
 
     def size(tensor: torch.Tensor) -> int:
@@ -80,6 +90,8 @@ def trace_step_traffic(config: RunConfig, micro_batch_size: int, *, half: bool) 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            if func.is_view or func._overloadpacket in views:
+                return out  # a new view of the same storage: no kernel runs, no byte moves
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
             moved = sum(size(t) for t in tensors)
             formula = flop_registry.get(func._overloadpacket)

@@ -35,21 +35,20 @@ from torch import nn
 from skylift.config.schema import RunConfig
 from skylift.data.chat import Conversation
 from skylift.data.datasets import DatasetSplit
+from skylift.data.jsonl_text import (
+    IGNORE_INDEX,
+    DocumentSequences,
+    PackedBlocks,
+    causal_collate,
+    encode_conversations,
+    encode_documents,
+    read_jsonl_documents,
+)
 from skylift.data.preference import (
     PreferencePairs,
     encode_preferences,
     preference_collate,
     read_preference_rows,
-)
-from skylift.data.jsonl_text import (
-    IGNORE_INDEX,
-    DocumentSequences,
-    PackedBlocks,
-    Row,
-    causal_collate,
-    encode_conversations,
-    encode_documents,
-    read_jsonl_documents,
 )
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.base import Recipe

@@ -138,8 +138,8 @@ def tiny_preferences(num_rows: int = 600, seed: int = 0) -> list[dict[str, str]]
                          "rejected": f" {wrong}"})
         else:
             number = draw.randint(5, 70)
-            wrong = number + 1 + draw.choice([-5, -4, -3, -2, 2, 3, 4, 5])
-            rows.append({"prompt": f"after {number} comes", "chosen": f" {number + 1}", "rejected": f" {wrong}"})
+            off = number + 1 + draw.choice([-5, -4, -3, -2, 2, 3, 4, 5])
+            rows.append({"prompt": f"after {number} comes", "chosen": f" {number + 1}", "rejected": f" {off}"})
     return rows
 
 

@@ -182,7 +182,8 @@ class CausalLMSettings(RecipeSettings):
                 "distributed.strategy: fsdp with recipe.objective: dpo is not built yet (the frozen reference would "
                 "be whole on every rank)", hint="Set distributed.strategy: ddp, and recipe.lora to keep the "
                 "reference free: the base with its adapters switched off")  # fmt: skip
-        wanted = "base_without_adapters" if self.lora is not None else "frozen_copy"
+        wanted: Literal["base_without_adapters", "frozen_copy"] = (
+            "base_without_adapters" if self.lora is not None else "frozen_copy")
         if self.dpo.reference is None:
             self.dpo.reference = wanted
         elif self.dpo.reference != wanted:

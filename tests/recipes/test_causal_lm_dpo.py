@@ -192,6 +192,43 @@ def test_label_smoothing_is_conservative_dpo():
     assert torch.equal(rejected, 0.5 * (policy_rejected - reference_rejected))
 
 
+def test_the_step_loss_is_per_pair_across_uneven_micro_batches(tmp_path):
+    """8 pairs as micro-batches of 3 and 5, through the Trainer's own weighting
+    (``step_micro_batches`` with the recipe's pair counts, ``micro_batch_weight``): the
+    weighted micro-batch losses add up to the mean over the 8 pairs (a mean of the two
+    micro-batch means would not), and the logged reward sums to the 8 pairs' means."""
+    from skylift.data.loaders import micro_batch_weight
+    from skylift.data.loss_counts import step_micro_batches
+    from skylift.train.trainer import _add_sums, _step_scalars
+
+    rows = tiny_preferences(8, seed=5)
+    pairs_file = write_corpus(tmp_path / "pairs.jsonl", rows)
+    recipe = CausalLM(_config(tmp_path / "run", f"recipe.train_path={pairs_file}", f"recipe.val_path={pairs_file}",
+                              "precision=fp32", "recipe.lora.dropout=0.0"))  # fmt: skip
+    data = recipe.build_datasets()
+    model = recipe.build_model(data)
+    with torch.no_grad():  # move the policy off the reference, so the pairs' losses differ
+        generator = torch.Generator().manual_seed(1)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    collate = recipe.collate(train=True)
+    whole = collate([data.train[index] for index in range(8)])
+    parts = iter([collate([data.train[index] for index in range(3)]),
+                  collate([data.train[index] for index in range(3, 8)])])  # fmt: skip
+    with torch.no_grad():
+        losses, chosen, _ = recipe._dpo_forward(model, whole)
+        step_loss, sums = torch.zeros(()), None
+        for batch, count, step_count in step_micro_batches(lambda: next(parts), recipe, accumulation_steps=2,
+                                                           step_samples=8, distributed=False):  # fmt: skip
+            assert int(count) == len(batch[0]) and int(step_count) == 8
+            step_loss += recipe.training_loss(model, batch) * micro_batch_weight(count, step_count, 2) / 2
+            sums = _add_sums(sums, recipe, batch)
+    assert float(losses.std()) > 1e-3
+    assert float(step_loss) == pytest.approx(float(losses.mean()), rel=1e-6)
+    assert float(_step_scalars(sums)["rewards/chosen"]) == pytest.approx(float(chosen.mean()), rel=1e-5, abs=1e-7)
+
+
 # -- pairs stay whole ---------------------------------------------------------------------------------------
 
 

@@ -256,9 +256,14 @@ def test_a_pair_is_one_sample_and_a_batch_keeps_its_pairs_whole(tmp_path):
             labelled = labels[row, side][labels[row, side] != IGNORE_INDEX].tolist()
             assert labelled == completion  # the completion only, end-of-sequence included
             assert attention_mask[row, side].sum() == length and not attention_mask[row, side, length:].any()
-    recipe_batch = (input_ids, attention_mask, labels)
-    assert CausalLM.batch_size(None, recipe_batch) == 4  # type: ignore[arg-type]
-    half = tuple(tensor[:2] for tensor in recipe_batch)
+    recipe = CausalLM(_config(tmp_path / "run", f"recipe.train_path={path}"))
+    batch = (input_ids, attention_mask, labels)
+    assert recipe.batch_size(batch) == 4 and int(recipe.loss_count(batch)) == 4
+    # micro_batch_size: auto cuts a batch along its first dimension for its trials: whole pairs.
+    from skylift.train.micro_batch import slice_batch
+
+    half = slice_batch(batch, 2, recipe.batch_size)
+    assert all(torch.equal(part, tensor[:2]) for part, tensor in zip(half, batch, strict=True))
     assert torch.equal(half[0][:, 1], input_ids[:2, 1])  # the rejected of the first two pairs stay with them
 
 

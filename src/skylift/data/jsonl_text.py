@@ -126,8 +126,11 @@ def _document(line: str, where: str) -> Row:
     elif "text" in keys:
         wanted = ("text",)
     else:
+        preference = keys >= {"chosen", "rejected"}
         raise SkyliftConfigError(f"{where}: a row needs \"text\", or \"prompt\" and \"completion\", or "
-                                 f"\"messages\" (found {sorted(keys) if keys else type(row).__name__})")  # fmt: skip
+                                 f"\"messages\" (found {sorted(keys) if keys else type(row).__name__})",
+                                 hint="Preference rows (chosen and rejected) are learned with recipe.objective: dpo"
+                                 if preference else None)  # fmt: skip
     for key in wanted:
         if not isinstance(row[key], str):
             raise SkyliftConfigError(f"{where}: \"{key}\" must be a string, not {type(row[key]).__name__}")

@@ -85,6 +85,14 @@ class Recipe:
         by their number, however they fell into micro-batches and ranks."""
         return None
 
+    def training_sums(self, batch: Any) -> dict[str, torch.Tensor] | None:
+        """Sums of extra training metrics over the micro-batch ``batch`` that
+        :meth:`training_loss` has just computed (it may keep them), with their ``count``:
+        the Trainer adds them over the step's micro-batches and logs each ``NAME_sum``
+        divided by the count as ``NAME`` in the step's ``train`` record, averaged over the
+        ranks (exact when the ranks count alike). ``None``: none (the default)."""
+        return None
+
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 

@@ -8,7 +8,10 @@ the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`). Documents are ``text``
 tokenizer's chat template with only the assistant turns learned
 (:mod:`skylift.data.chat`), packed into blocks of ``sequence_length`` tokens, or
 one per sequence and padded per batch (with ``data.batching: token_budget``, sorted
-into micro-batches of at most ``data.max_tokens`` padded tokens).
+into micro-batches of at most ``data.max_tokens`` padded tokens). With
+``recipe.objective: dpo`` the rows are preferences (a prompt, a chosen and a rejected
+completion, :mod:`skylift.data.preference`), learned with DPO's loss
+(:mod:`skylift.recipes.preference`).
 
 The loss of a step is the sum of its token losses over every micro-batch and rank
 divided by the number of labelled tokens of the whole step (:meth:`CausalLM.loss_count`;
@@ -36,15 +39,21 @@ from skylift.data.jsonl_text import (
     IGNORE_INDEX,
     DocumentSequences,
     PackedBlocks,
-    Row,
     causal_collate,
     encode_conversations,
     encode_documents,
     read_jsonl_documents,
 )
+from skylift.data.preference import (
+    PreferencePairs,
+    encode_preferences,
+    preference_collate,
+    read_preference_rows,
+)
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.base import Recipe
 from skylift.recipes.hf_models import offline
+from skylift.recipes.preference import REWARD_SCALARS, Reference, dpo_losses, pair_sums, sequence_log_probs
 from skylift.recipes.settings.causal_lm import TINY_LLAMA, CausalLMSettings
 
 __all__ = ["CausalLM", "token_loss_sums"]
@@ -75,6 +84,11 @@ class CausalLM(Recipe):
         self.folder = None if self.builtin else _model_folder(self.settings.model_path)
         self.tokenizer = self._tokenizer()
         self.pad_id = self._pad_id()
+        dpo = self.settings.dpo if self.settings.objective == "dpo" else None
+        self.dpo = dpo
+        self.reference = Reference(str(dpo.reference)) if dpo is not None else None
+        self._step_sums: tuple[Any, dict[str, torch.Tensor]] | None = None
+        """(the batch, its reward sums) of the last DPO training_loss, for training_sums."""
 
     def _tokenizer(self) -> Any:
         if self.builtin:
@@ -105,9 +119,10 @@ class CausalLM(Recipe):
 
     def build_datasets(self) -> DatasetSplit:
         settings = self.settings
-        rows = read_jsonl_documents(Path(settings.train_path), "recipe.train_path")
+        read: Any = read_preference_rows if self.dpo is not None else read_jsonl_documents
+        rows = read(Path(settings.train_path), "recipe.train_path")
         if settings.val_path is not None:
-            train_rows, val_rows = rows, read_jsonl_documents(Path(settings.val_path), "recipe.val_path")
+            train_rows, val_rows = rows, read(Path(settings.val_path), "recipe.val_path")
         else:
             train_rows, val_rows = self._hold_out(rows)
         train = self._sequences(train_rows, "recipe.train_path")
@@ -119,7 +134,7 @@ class CausalLM(Recipe):
         self._log_data(train_rows, val_rows, train, val)
         return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
 
-    def _hold_out(self, rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    def _hold_out(self, rows: list[Any]) -> tuple[list[Any], list[Any]]:
         order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.config.seed)).tolist()
         num_val = max(1, round(len(rows) * self.config.data.val_fraction))
         if num_val >= len(rows):
@@ -128,7 +143,10 @@ class CausalLM(Recipe):
                                      hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
 
-    def _sequences(self, rows: list[Row], field: str) -> PackedBlocks | DocumentSequences:
+    def _sequences(self, rows: list[Any], field: str) -> PackedBlocks | DocumentSequences | PreferencePairs:
+        if self.dpo is not None:
+            return PreferencePairs(encode_preferences(rows, self.tokenizer, field), self.settings.sequence_length)
+
         def encode(texts: list[str], special: bool) -> list[list[int]]:
             return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
 
@@ -144,6 +162,11 @@ class CausalLM(Recipe):
         return DocumentSequences(documents, self.settings.sequence_length)
 
     def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
+        if isinstance(train, PreferencePairs):
+            log.info("causal_lm: DPO on %d training and %d validation pairs (up to %d tokens a sequence; %d "
+                     "sequences cut there, %d pairs left out with no completion token left)", len(train), len(val),
+                     self.settings.sequence_length, train.truncated, train.dropped)  # fmt: skip
+            return
         labelled = int((train.labels != IGNORE_INDEX).sum()) if isinstance(train, PackedBlocks) else sum(
             int((labels != IGNORE_INDEX).sum()) for _, labels in train.sequences)  # fmt: skip
         length = self.settings.sequence_length
@@ -160,6 +183,8 @@ class CausalLM(Recipe):
         :meth:`weights_source` itself), the architecture only."""
         model = self._base_model()
         if self.settings.lora is None:
+            if self.reference is not None:
+                self.reference.keep_copy(model)
             return model
         from skylift.recipes.adapters import apply_lora, check_quantization
 
@@ -196,27 +221,61 @@ class CausalLM(Recipe):
         return self.folder
 
     def collate(self, train: bool) -> Any:
-        return causal_collate(self.pad_id)
+        return preference_collate(self.pad_id) if self.dpo is not None else causal_collate(self.pad_id)
+
+    def _dpo_forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, ...]:
+        """Per pair of ``batch`` (``(B, 2, T)`` tensors): DPO's loss and the two rewards."""
+        assert self.dpo is not None and self.reference is not None
+        # The 2B sequences chosen first, then rejected (TRL's concatenated layout), in one forward.
+        input_ids, attention_mask, labels = (tensor.transpose(0, 1).flatten(0, 1) for tensor in batch)
+        policy = sequence_log_probs(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
+        reference = self.reference.log_probs(model, input_ids, attention_mask, labels)
+        pairs = len(batch[0])
+        return dpo_losses(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:], beta=self.dpo.beta,
+                          label_smoothing=self.dpo.label_smoothing)  # fmt: skip
 
     def _forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         input_ids, attention_mask, labels = batch
         return token_loss_sums(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
 
     def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Mean cross-entropy over the batch's labelled tokens (0 when it has none)."""
+        """Mean cross-entropy over the batch's labelled tokens (0 when it has none); with DPO,
+        the mean loss over the batch's pairs."""
+        if self.dpo is not None:
+            losses, chosen, rejected = self._dpo_forward(model, batch)
+            self._step_sums = (batch, pair_sums(losses, chosen, rejected))
+            return losses.mean()
         loss_sum, count = self._forward(model, batch)
         return loss_sum / count.clamp(min=1)
 
     def loss_count(self, batch: Any) -> torch.Tensor:
-        """The batch's labelled tokens: prompt and padding positions do not count."""
+        """The batch's labelled tokens: prompt and padding positions do not count; with DPO,
+        its pairs (a pair's loss is one term, however long its completions)."""
+        if self.dpo is not None:
+            return torch.tensor(len(batch[0]), device=batch[0].device)
         return (batch[2] != IGNORE_INDEX).sum()
 
+    def training_sums(self, batch: Any) -> dict[str, torch.Tensor] | None:
+        """With DPO, the reward sums of ``batch`` that :meth:`training_loss` just computed."""
+        if self._step_sums is None or self._step_sums[0] is not batch:
+            return None
+        sums = dict(self._step_sums[1])
+        sums.pop("loss_sum")
+        return sums
+
     def eval_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        if self.dpo is not None:
+            return {key: value.float() for key, value in pair_sums(*self._dpo_forward(model, batch)).items()}
         loss_sum, count = self._forward(model, batch)
         return {"loss_sum": loss_sum.float(), "count": count.float()}
 
     def summarize(self, sums: dict[str, float]) -> dict[str, float]:
-        """``loss`` per labelled token and ``perplexity``, its exponential."""
+        """``loss`` per labelled token and ``perplexity``, its exponential; with DPO, the
+        loss and the rewards per pair (:data:`~skylift.recipes.preference.REWARD_SCALARS`)."""
+        if self.dpo is not None:
+            pairs = max(sums.get("count", 0.0), 1.0)
+            return {"loss": sums.get("loss_sum", 0.0) / pairs,
+                    **{name: sums.get(f"{name}_sum", 0.0) / pairs for name in REWARD_SCALARS}}  # fmt: skip
         loss = sums.get("loss_sum", 0.0) / max(sums.get("count", 0.0), 1.0)
         # exp overflows a float past 709.78; a loss that high means perplexity is meaningless anyway.
         return {"loss": loss, "perplexity": math.exp(loss) if loss < 709.0 else math.inf}

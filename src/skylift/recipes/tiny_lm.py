@@ -16,7 +16,9 @@ tokenizer as a Hugging Face folder, to use like any other.
 
 The tokenizer has a chat template (:data:`CHAT_TEMPLATE`), and :func:`tiny_chats` the
 same lookups as conversations, for chat fine-tuning offline:
-``examples/data/tiny-chat.jsonl`` (``--chat PATH`` writes it again).
+``examples/data/tiny-chat.jsonl`` (``--chat PATH`` writes it again). :func:`tiny_preferences`
+asks the lookups again as preference pairs, the right answer chosen and a wrong one
+rejected, for DPO: ``examples/data/tiny-preferences.jsonl`` (``--preferences PATH``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHAT_TEMPLATE", "COLOURS", "tiny_chats", "tiny_corpus", "tiny_llama", "tiny_llama_config",
-           "tiny_tokenizer", "write_corpus", "write_tiny_lm"]
+           "tiny_preferences", "tiny_tokenizer", "write_corpus", "write_tiny_lm"]
 
 COLOURS = {
     "lemon": "yellow", "banana": "yellow", "lime": "green", "leaf": "green", "frog": "green", "cherry": "red",
@@ -119,6 +121,28 @@ def tiny_chats(num_rows: int = 1200, seed: int = 0) -> list[dict[str, list[dict[
     return rows
 
 
+def tiny_preferences(num_rows: int = 600, seed: int = 0) -> list[dict[str, str]]:
+    """``num_rows`` preference pairs (seeded), half colours and half successors:
+    ``{"prompt": "colour of a lemon:", "chosen": " yellow", "rejected": " blue"}``, the
+    rejected answer another colour, or a successor off by 2 to 5 either way."""
+    draw = random.Random(seed)
+    objects = sorted(COLOURS)
+    colours = sorted(set(COLOURS.values()))
+    rows = []
+    for index in range(num_rows):
+        if index % 2 == 0:
+            thing = draw.choice(objects)
+            article = "an" if thing[0] in "aeiou" else "a"
+            wrong = draw.choice([colour for colour in colours if colour != COLOURS[thing]])
+            rows.append({"prompt": f"colour of {article} {thing}:", "chosen": f" {COLOURS[thing]}",
+                         "rejected": f" {wrong}"})
+        else:
+            number = draw.randint(5, 70)
+            off = number + 1 + draw.choice([-5, -4, -3, -2, 2, 3, 4, 5])
+            rows.append({"prompt": f"after {number} comes", "chosen": f" {number + 1}", "rejected": f" {off}"})
+    return rows
+
+
 def _texts(rows: list[dict[str, str]]) -> list[str]:
     return [row.get("text", row.get("prompt", "") + row.get("completion", "")) for row in rows]
 
@@ -188,10 +212,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write the tiny Llama and its tokenizer to this folder")
     parser.add_argument("--chat", type=Path, default=None, metavar="PATH",
                         help="also write the generated conversations (JSONL of messages rows) here")
+    parser.add_argument("--preferences", type=Path, default=None, metavar="PATH",
+                        help="also write the generated preference pairs (JSONL of prompt/chosen/rejected rows) here")
     args = parser.parse_args(argv)
     print(write_corpus(args.corpus, tiny_corpus()))
     if args.chat is not None:
         print(write_corpus(args.chat, tiny_chats()))
+    if args.preferences is not None:
+        print(write_corpus(args.preferences, tiny_preferences()))
     if args.model is not None:
         print(write_tiny_lm(args.model))
     return 0

@@ -289,6 +289,7 @@ class Trainer:
         runtime, recipe = self.runtime, self.recipe
         self.events.fire(Event.STEP_START, state)
         loss_sum: torch.Tensor | None = None
+        extra_sums: dict[str, torch.Tensor] | None = None  # the recipe's training_sums over the step
         step_samples = samples_in_step(parts.sampler, state.step, state.global_batch_size)
         micro_batches = runtime.accumulation_steps * runtime.dist.world_size
         for batch, count, step_count in step_micro_batches(
@@ -299,6 +300,7 @@ class Trainer:
                                          recipe.batch_size(batch))
             with runtime.autocast():
                 loss = recipe.training_loss(parts.model, batch)
+            extra_sums = _add_sums(extra_sums, recipe, batch)
             weight = micro_batch_weight(count, step_count, micro_batches)
             if isinstance(weight, torch.Tensor) or weight != 1.0:  # a tensor: no host sync to compare it
                 loss = loss * weight
@@ -308,7 +310,7 @@ class Trainer:
                 parts.ema.update(runtime.unwrap(parts.model))
         assert loss_sum is not None
         loss_mean = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
-        runtime.log(state.step + 1, loss=loss_mean)
+        runtime.log(state.step + 1, loss=loss_mean, **_step_scalars(extra_sums))
         return step_samples
 
     @torch.no_grad()
@@ -416,3 +418,22 @@ class _FlopsOnMetaCopy:
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._monitor, name, value)
+
+
+def _add_sums(totals: dict[str, torch.Tensor] | None, recipe: Any, batch: Any) -> dict[str, torch.Tensor] | None:
+    """``totals`` plus the recipe's :meth:`~skylift.recipes.base.Recipe.training_sums` of ``batch``."""
+    training_sums = getattr(recipe, "training_sums", None)  # a duck-typed recipe may not define it
+    sums = training_sums(batch) if training_sums is not None else None
+    if not sums:
+        return totals
+    if totals is None:
+        return {name: value.detach() for name, value in sums.items()}
+    return {name: totals[name] + sums[name].detach() for name in totals}
+
+
+def _step_scalars(sums: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """Each ``NAME_sum`` of ``sums`` divided by its ``count``, named ``NAME`` (tensors: no host sync)."""
+    if not sums:
+        return {}
+    count = sums["count"].clamp(min=1)
+    return {name.removesuffix("_sum"): value / count for name, value in sums.items() if name != "count"}

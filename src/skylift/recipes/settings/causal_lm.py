@@ -10,7 +10,7 @@ from skylift.config.section import Section
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.settings.base import RecipeSettings
 
-__all__ = ["TINY_LLAMA", "CausalLMSettings", "LoraSettings"]
+__all__ = ["TINY_LLAMA", "CausalLMSettings", "DpoSettings", "LoraSettings"]
 
 TINY_LLAMA = "builtin:tiny-llama"
 """``recipe.model_path`` of the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`)."""
@@ -59,6 +59,28 @@ QUANTIZE_HINT = ("Run it on a machine with an NVIDIA GPU (device: auto or cuda),
                  "recipe.lora.quantize_base to train LoRA over the full-precision base")
 
 
+class DpoSettings(Section):
+    """``recipe.dpo``: Direct Preference Optimization (Rafailov et al. 2023), the sigmoid
+    loss of TRL's ``DPOTrainer`` (``loss_type: sigmoid``), with ``recipe.objective: dpo``."""
+
+    beta: float = Field(default=0.1, gt=0)
+    """How far the policy may move from the reference: the loss of a pair is
+    ``-log sigmoid(beta * ((policy - reference log-prob of chosen) - (policy - reference
+    log-prob of rejected)))``, and ``beta`` times each log-ratio is the reward logged (TRL's
+    default 0.1)."""
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=0.5)
+    """Conservative DPO (cDPO, Mitchell 2023): the probability that a pair's preference
+    is flipped; the loss becomes ``(1 - s) * -log sigmoid(beta d) + s * -log sigmoid(-beta d)``.
+    0 is plain DPO. (TRL 1.16's ``sigmoid`` loss has no smoothing term; its ``robust`` and
+    ``exo_pair`` losses use the field otherwise.)"""
+    reference: Literal["base_without_adapters", "frozen_copy"] | None = None
+    """Where the reference log-probabilities come from: ``base_without_adapters`` (with
+    ``recipe.lora``: the same model with its adapters switched off, PEFT's
+    ``disable_adapter``; no memory added), or ``frozen_copy`` (a full fine-tune: a frozen
+    copy of the starting model, one more copy of the weights in memory). ``null``: the one
+    that fits ``recipe.lora``; the other is refused."""
+
+
 class CausalLMSettings(RecipeSettings):
     """``recipe`` of ``causal_lm``: a Hugging Face causal language model fine-tuned on JSONL documents."""
 
@@ -90,6 +112,14 @@ class CausalLMSettings(RecipeSettings):
     learned, and of a chat every token but the assistant turns'; ``false`` learns the
     prompt, and every token of a chat (its system and user turns, the template's headers), too."""
 
+    objective: Literal["sft", "dpo"] = "sft"
+    """What the run learns: ``sft``, next-token cross-entropy on the documents (the
+    targets above); ``dpo``, preferences: rows of ``prompt`` (or ``messages``, a chat that
+    the answer continues) with a ``chosen`` and a ``rejected`` completion, learned with
+    the DPO loss of ``recipe.dpo`` (needs ``packing: false``)."""
+    dpo: DpoSettings | None = None
+    """The DPO loss's settings, with ``objective: dpo`` (``null`` there: the defaults)."""
+
     lora: LoraSettings | None = None
     """Train low-rank adapters on the frozen model instead of every weight (PEFT):
     checkpoints then hold the adapters and their optimizer state only, and ``skylift
@@ -106,6 +136,11 @@ class CausalLMSettings(RecipeSettings):
         """JSONL files, not streamed shards; token-budget batching of unpacked documents that
         fit it; adapters on one process or DDP."""
         data = config.data
+        if self.objective == "dpo":
+            self._check_dpo(config)
+        elif self.dpo is not None:
+            raise SkyliftConfigError("recipe.dpo is set while recipe.objective is sft, so it would be ignored",
+                                     hint="Set recipe.objective: dpo, or remove recipe.dpo")  # fmt: skip
         if self.lora is not None:
             self.lora.check_run(config)
             if config.distributed.strategy == "fsdp":
@@ -125,3 +160,44 @@ class CausalLMSettings(RecipeSettings):
                 f"recipe.sequence_length ({self.sequence_length}) exceeds data.max_tokens ({data.max_tokens}): "
                 "the longest document would not fit a micro-batch", hint="Raise data.max_tokens or lower "
                 "recipe.sequence_length")  # fmt: skip
+
+    def _check_dpo(self, config: Any) -> None:
+        """What DPO cannot run with: packing, an unmasked prompt, token budgets, FSDP, and a
+        reference that does not fit ``recipe.lora``."""
+        if self.dpo is None:
+            self.dpo = DpoSettings()
+        if self.packing:
+            raise SkyliftConfigError(
+                "recipe.packing: DPO scores each chosen and rejected completion as a whole sequence, which packing "
+                "would cut and mix with other documents", hint="Set recipe.packing: false with recipe.objective: dpo")
+        if not self.mask_prompt:
+            raise SkyliftConfigError(
+                "recipe.mask_prompt: false learns the prompt, and DPO scores the completions only",
+                hint="Set recipe.mask_prompt: true (the default) with recipe.objective: dpo")  # fmt: skip
+        if config.data.batching == "token_budget":
+            raise SkyliftConfigError("data.batching: token_budget is not built for DPO pairs yet",
+                                     hint="Set data.batching: fixed with recipe.objective: dpo")  # fmt: skip
+        if config.distributed.strategy == "fsdp":
+            raise SkyliftConfigError(
+                "distributed.strategy: fsdp with recipe.objective: dpo is not built yet (the frozen reference would "
+                "be whole on every rank)", hint="Set distributed.strategy: ddp, and recipe.lora to keep the "
+                "reference free: the base with its adapters switched off")  # fmt: skip
+        wanted: Literal["base_without_adapters", "frozen_copy"] = (
+            "base_without_adapters" if self.lora is not None else "frozen_copy")
+        if self.dpo.reference is None:
+            self.dpo.reference = wanted
+        elif self.dpo.reference != wanted:
+            raise SkyliftConfigError(REFERENCE_MISMATCH[wanted], hint=REFERENCE_HINT[wanted])
+
+
+REFERENCE_MISMATCH = {
+    "base_without_adapters": "recipe.dpo.reference: frozen_copy with recipe.lora would hold a second copy of the "
+                             "base, and the base with its adapters switched off is that model already (PEFT starts "
+                             "the adapters at zero)",
+    "frozen_copy": "recipe.dpo.reference: base_without_adapters needs adapters to switch off, and recipe.lora is null "
+                   "(every weight trains)",
+}  # fmt: skip
+REFERENCE_HINT = {
+    "base_without_adapters": "Set recipe.dpo.reference: base_without_adapters (or null)",
+    "frozen_copy": "Set recipe.dpo.reference: frozen_copy (or null), or train adapters with recipe.lora",
+}

@@ -8,7 +8,10 @@ records a stop request; all ranks stop together at the next step boundary.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import signal
+import time
 from typing import Any
 
 from skylift.config.schema import PreemptionConfig
@@ -45,13 +48,21 @@ class PreemptionWatch:
             self._watcher.start()
             log.info("watching %s spot/preemption notices", cloud)
 
-    def stop(self) -> None:
+    def stop(self, *, leaving_until_s: float | None = None) -> None:
+        """Stop watching. ``leaving_until_s``: the run stopped for a notice and the process
+        is on its way out; a SIGTERM or SIGUSR1 until then is that notice again (the
+        launcher relays the cloud's notice to every worker; a rank that polled it itself
+        may already be in its exit barrier), so it is ignored instead of killing this rank
+        mid-exit, which would fail its peers' barrier. After that time a signal acts as it
+        did before skylift watched (the launcher's SIGKILL at the deadline still bounds it)."""
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
         if self._restore_signals is not None:
             self._restore_signals()
             self._restore_signals = None
+            if leaving_until_s is not None:
+                _ignore_signals_until(leaving_until_s)
 
     def _on_cloud_notice(self, notice: Any) -> None:
         if notice.kind != "rebalance":
@@ -78,3 +89,34 @@ def _install_signals(watch_signals: Any, on_notice: Any, grace_s: float | None) 
         log.warning("not on the main thread: SIGTERM/SIGUSR1 will not trigger a checkpoint")
         return None
     return watch_signals(on_notice, (signal.SIGTERM, signal.SIGUSR1), grace_s=grace_s)
+
+
+def _ignore_signals_until(until_s: float) -> None:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if not math.isfinite(until_s):
+        from skylift.cloud.notice import DEFAULT_SIGNAL_GRACE_S
+
+        until_s = time.time() + DEFAULT_SIGNAL_GRACE_S
+    previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGUSR1)}
+    told = False
+
+    def handle(signal_number: int, frame: Any) -> None:
+        nonlocal told
+        if time.time() < until_s:
+            if not told:
+                told = True
+                log.info("%s while leaving for the preemption notice: already stopping",
+                         signal.Signals(signal_number).name)
+            return
+        handler = previous[signal_number]
+        signal.signal(signal_number, handler)
+        if callable(handler):
+            handler(signal_number, frame)
+        elif handler != signal.SIG_IGN:
+            os.kill(os.getpid(), signal_number)  # the default action: end the process
+
+    for number in previous:
+        signal.signal(number, handle)

@@ -422,7 +422,8 @@ class RunServices:
         self._closed = True
         self.close_exports()
         self.guards.stop()
-        self.preemption.stop()
+        preempted = self.decision.stop_code == StopReason.PREEMPTED or self.preemption.notice is not None
+        self.preemption.stop(leaving_until_s=self.decision.deadline_s if preempted else None)
         self.monitor.close()
         if self.checkpointing is not None:
             self.checkpointing.close()

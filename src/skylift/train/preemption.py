@@ -100,7 +100,7 @@ def _ignore_signals_until(until_s: float) -> None:
         from skylift.cloud.notice import DEFAULT_SIGNAL_GRACE_S
 
         until_s = time.time() + DEFAULT_SIGNAL_GRACE_S
-    previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGUSR1)}
+    previous: dict[int, Any] = {int(number): signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGUSR1)}
     told = False
 
     def handle(signal_number: int, frame: Any) -> None:

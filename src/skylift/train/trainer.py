@@ -310,7 +310,8 @@ class Trainer:
                 parts.ema.update(runtime.unwrap(parts.model))
         assert loss_sum is not None
         loss_mean = loss_sum / runtime.accumulation_steps if runtime.accumulation_steps > 1 else loss_sum
-        runtime.log(state.step + 1, loss=loss_mean, **_step_scalars(extra_sums))
+        runtime.log(state.step + 1, loss=loss_mean,
+                    **_step_scalars(_across_ranks(extra_sums, runtime.dist.is_distributed)))
         return step_samples
 
     @torch.no_grad()
@@ -429,6 +430,18 @@ def _add_sums(totals: dict[str, torch.Tensor] | None, recipe: Any, batch: Any) -
     if totals is None:
         return {name: value.detach() for name, value in sums.items()}
     return {name: totals[name] + sums[name].detach() for name in totals}
+
+
+def _across_ranks(sums: dict[str, torch.Tensor] | None, distributed: bool) -> dict[str, torch.Tensor] | None:
+    """The step's sums over every rank: ranks can hold different numbers of samples (pairs
+    kept whole, the last batch), so a mean of the ranks' means would weigh them wrongly."""
+    if not sums or not distributed:
+        return sums
+    names = list(sums)
+    stacked = torch.stack([sums[name].float() for name in names])
+    with collective("the recipe's training sums (all_reduce)"):
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+    return dict(zip(names, stacked.unbind(), strict=True))
 
 
 def _step_scalars(sums: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:

@@ -167,6 +167,10 @@ class PreferencePairs(Dataset):
                 self.dropped += 1
                 continue
             self.pairs.append((chosen_inputs, chosen_labels, rejected_inputs, rejected_labels))
+        # What a pair takes of a micro-batch under data.batching: token_budget: both sides,
+        # each padded to the longer (the batch is (B, 2, T)), so B x the longest length is
+        # the batch's padded token count.
+        self.lengths = [2 * max(len(pair[0]), len(pair[2])) for pair in self.pairs]
 
     def __len__(self) -> int:
         return len(self.pairs)

@@ -162,7 +162,7 @@ class CausalLMSettings(RecipeSettings):
                 "recipe.sequence_length")  # fmt: skip
 
     def _check_dpo(self, config: Any) -> None:
-        """What DPO cannot run with: packing, an unmasked prompt, token budgets, FSDP, and a
+        """What DPO cannot run with: packing, an unmasked prompt, a token budget under a pair, FSDP, and a
         reference that does not fit ``recipe.lora``."""
         if self.dpo is None:
             self.dpo = DpoSettings()
@@ -174,9 +174,11 @@ class CausalLMSettings(RecipeSettings):
             raise SkyliftConfigError(
                 "recipe.mask_prompt: false learns the prompt, and DPO scores the completions only",
                 hint="Set recipe.mask_prompt: true (the default) with recipe.objective: dpo")  # fmt: skip
-        if config.data.batching == "token_budget":
-            raise SkyliftConfigError("data.batching: token_budget is not built for DPO pairs yet",
-                                     hint="Set data.batching: fixed with recipe.objective: dpo")  # fmt: skip
+        if config.data.batching == "token_budget" and 2 * self.sequence_length > config.data.max_tokens:
+            raise SkyliftConfigError(
+                f"data.max_tokens ({config.data.max_tokens}) is under two recipe.sequence_length "
+                f"({2 * self.sequence_length}): a DPO pair is two sequences, batched whole",
+                hint=f"Raise data.max_tokens to {2 * self.sequence_length} or more, or lower recipe.sequence_length")
         if config.distributed.strategy == "fsdp":
             raise SkyliftConfigError(
                 "distributed.strategy: fsdp with recipe.objective: dpo is not built yet (the frozen reference would "

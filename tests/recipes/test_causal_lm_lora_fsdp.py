@@ -293,5 +293,7 @@ def test_fsdp2_shards_a_unit_of_frozen_and_trainable_parameters_and_reduces_only
         assert result["units"] == [[False, True], [False, True]]  # each decoder layer: base and adapters together
         assert result["frozen_without_gradient"] and result["frozen_unchanged"], result
         assert result["trainable"] > 0 and result["gradients_sharded"], result
-        # The reduce-scattered gradients are the unsharded model's mean over both batches.
-        assert result["largest_gradient_difference"] < 1e-6, result
+        # The reduce-scattered gradients are the unsharded model's mean over both batches, bit
+        # for bit: the same full weights and kernels on each batch, and (g0 + g1) / 2 against
+        # g0 / 2 + g1 / 2, where halving is exact and a sum of two addends commutes.
+        assert result["largest_gradient_difference"] == 0.0, result

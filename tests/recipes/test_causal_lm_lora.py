@@ -1,6 +1,7 @@
 """LoRA adapters on the causal LM through PEFT (``recipe.lora``): what a checkpoint holds,
 exact resume after a SIGKILL, ``skylift export`` to PEFT's adapter folder and merged,
-and the refusals (an unknown layer name, a 4-bit base off CUDA, FSDP).
+and the refusals (an unknown layer name, a 4-bit base off CUDA or under FSDP).
+LoRA under FSDP: test_causal_lm_lora_fsdp.py.
 
 The runs are examples/lora-tiny-cpu.yaml (the built-in tiny Llama, frozen, rank-16
 adapters on every decoder linear layer and a trained output head), shortened, with adapter
@@ -169,9 +170,16 @@ def test_a_4bit_base_is_refused_off_cuda_before_any_worker(cli_here, tmp_path):
         preflight(_config(tmp_path / "run", "recipe.lora.quantize_base=nf4"), world_size=1)
 
 
-def test_adapters_under_fsdp_are_refused_with_the_fix(cli_here):
-    result = cli_here("check", PRESET, "--set", "distributed.strategy=fsdp")
-    assert result.returncode == 2 and "recipe.lora: adapters are trained on one process or with DDP" in result.stderr
+def test_adapters_under_fsdp_pass_the_check_and_what_is_not_built_is_refused_with_the_fix(cli_here):
+    """LoRA under FSDP trains (tests/recipes/test_causal_lm_lora_fsdp.py); a 4-bit base
+    under FSDP, and DPO under FSDP (with or without adapters), are refused."""
+    assert cli_here("check", PRESET, "--set", "distributed.strategy=fsdp").returncode == 0
+    result = cli_here("check", PRESET, "--set", "distributed.strategy=fsdp", "--set", "recipe.lora.quantize_base=nf4")
+    assert result.returncode == 2
+    assert "recipe.lora.quantize_base: nf4 with distributed.strategy: fsdp is not built" in result.stderr
+    assert "fsdp_pre_all_gather" in result.stderr and "distributed.strategy: ddp" in result.stderr
+    result = cli_here("check", "examples/dpo-lora-cpu.yaml", "--set", "distributed.strategy=fsdp")
+    assert result.returncode == 2 and "distributed.strategy: fsdp with recipe.objective: dpo" in result.stderr
 
 
 @pytest.mark.slow

@@ -8,6 +8,13 @@ parameters (the adapters) and buffers only: a checkpoint, the final
 never the frozen base, which the recipe builds again from ``recipe.model_path`` (or the
 tiny Llama's seed) on every resume and export. Loading such a state dict leaves the
 frozen weights as built and still refuses a missing or unexpected adapter.
+
+Under FSDP2 the same hooks decide the sharded checkpoint: DCP's ``get_state_dict`` and
+``set_model_state_dict`` go through the model's ``state_dict`` and ``load_state_dict``, so
+the sharded layout holds the adapters' chunks and their optimizer state only. FSDP2
+shards per parameter, so a unit (a decoder layer) holding frozen base weights and
+trainable adapters together needs nothing here: it all-gathers both for the forward and
+reduce-scatters only the gradients that exist.
 """
 
 from __future__ import annotations

@@ -42,8 +42,11 @@ class LoraSettings(Section):
     Needs a CUDA GPU; a CPU run is refused before it starts."""
 
     def check_run(self, config: Any) -> None:
-        """A 4-bit base on a run that asks for the CPU is refused here (``skylift check``);
-        ``device: auto`` is resolved by ``skylift run``'s preflight (:meth:`check_device`)."""
+        """A 4-bit base sharded by FSDP, or on a run that asks for the CPU, is refused here
+        (``skylift check``); ``device: auto`` is resolved by ``skylift run``'s preflight
+        (:meth:`check_device`)."""
+        if self.quantize_base is not None and config.distributed.strategy == "fsdp":
+            raise SkyliftConfigError(QUANTIZE_UNDER_FSDP, hint=QUANTIZE_UNDER_FSDP_HINT)
         if config.device == "cpu":
             self.check_device("cpu")
 
@@ -55,6 +58,13 @@ class LoraSettings(Section):
 
 QUANTIZE_ON_CPU = ("recipe.lora.quantize_base: nf4 keeps the frozen base in bitsandbytes' 4-bit NF4, whose "
                    "kernels need a CUDA GPU, and this run trains on the CPU")
+QUANTIZE_UNDER_FSDP = (
+    "recipe.lora.quantize_base: nf4 with distributed.strategy: fsdp is not built: FSDP2 shards and all-gathers "
+    "each parameter as a plain tensor, and bitsandbytes' packed 4-bit weights keep their per-block scales "
+    "(quant_state) outside it; the fix is a 4-bit weight type implementing FSDP2's all-gather extension "
+    "(fsdp_pre_all_gather / fsdp_post_all_gather) that carries its scales")
+QUANTIZE_UNDER_FSDP_HINT = ("Set distributed.strategy: ddp with the 4-bit base, or remove recipe.lora.quantize_base "
+                            "to shard the full-precision base under FSDP")
 QUANTIZE_HINT = ("Run it on a machine with an NVIDIA GPU (device: auto or cuda), or remove "
                  "recipe.lora.quantize_base to train LoRA over the full-precision base")
 
@@ -134,7 +144,7 @@ class CausalLMSettings(RecipeSettings):
 
     def check_run(self, config: Any) -> None:
         """JSONL files, not streamed shards; token-budget batching of unpacked documents that
-        fit it; adapters on one process or DDP."""
+        fit it."""
         data = config.data
         if self.objective == "dpo":
             self._check_dpo(config)
@@ -143,11 +153,6 @@ class CausalLMSettings(RecipeSettings):
                                      hint="Set recipe.objective: dpo, or remove recipe.dpo")  # fmt: skip
         if self.lora is not None:
             self.lora.check_run(config)
-            if config.distributed.strategy == "fsdp":
-                raise SkyliftConfigError(
-                    "recipe.lora: adapters are trained on one process or with DDP; sharding them with "
-                    "distributed.strategy: fsdp is not built yet", hint="Set distributed.strategy: ddp (the "
-                    "frozen base is replicated, only the adapters' gradients are reduced), or recipe.lora: null")
         if data.url or data.val_url:
             raise SkyliftConfigError("data.url: causal_lm reads JSONL files (recipe.train_path, val_path), not "
                                      "streamed shards", hint="Remove data.url and data.val_url")  # fmt: skip

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios["padding_share_points_saved"] = median["padded"]["padding_share"] - median["packed"]["padding_share"]
     # Per round (the two arms ran back to back, under the same load), then their median.
     ratios["tokens_per_s_paired_median"] = statistics.median(
-        packed["tokens_per_s"] / padded["tokens_per_s"] for packed, padded in zip(runs["packed"], runs["padded"]))
+        packed["tokens_per_s"] / padded["tokens_per_s"] for packed, padded in zip(runs["packed"], runs["padded"], strict=True))
     ratios["positions_per_s"] = median["packed"]["positions_per_s"] / median["padded"]["positions_per_s"]
     config = {"corpus": str(CORPUS), "model": "builtin:tiny-llama (fp32, sdpa)", "sequence_length": SEQUENCE_LENGTH,
               "padded_batch_documents": PADDED_BATCH, "packed_batch_sequences": PACKED_BATCH,

@@ -23,6 +23,6 @@ def test_quick_run_writes_both_arms_side_by_side(tmp_path):
     report = json.loads((tmp_path / "packing.json").read_text())
     median = report["results"]["median"]
     assert set(median) == set(ARMS)
-    assert median["packed"]["padding_share"] < 0.1 < 0.3 < median["padded"]["padding_share"]
+    assert median["packed"]["padding_share"] < 0.1 and median["padded"]["padding_share"] > 0.3
     assert report["results"]["ratios"]["padding_share_points_saved"] > 0.2
     assert all(median[arm]["tokens_per_s"] > 0 for arm in ARMS)

@@ -62,11 +62,11 @@ __all__ = [
     "PackedBlocks",
     "PackedDocuments",
     "Row",
-    "causal_collate",
-    "packed_collate",
     "best_fit_decreasing",
+    "causal_collate",
     "encode_conversations",
     "encode_documents",
+    "packed_collate",
     "read_jsonl_documents",
 ]
 
@@ -257,8 +257,8 @@ class PackedDocuments(Dataset):
             ids = [torch.tensor(pieces[index][0], dtype=torch.long) for index in members]
             targets = [torch.tensor(pieces[index][1], dtype=torch.bool) for index in members]
             lengths = [len(piece) - 1 for piece in ids]
-            self.sequences.append((torch.cat([piece[:-1] for piece in ids]),
-                                   torch.cat([_labels(piece[1:], flags[1:]) for piece, flags in zip(ids, targets)]),
+            labels = [_labels(piece[1:], flags[1:]) for piece, flags in zip(ids, targets, strict=True)]
+            self.sequences.append((torch.cat([piece[:-1] for piece in ids]), torch.cat(labels),
                                    torch.cat([torch.arange(length) for length in lengths])))  # fmt: skip
             self.document_lengths.append(lengths)
         self.lengths = [len(inputs) for inputs, _, _ in self.sequences]

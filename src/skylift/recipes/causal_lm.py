@@ -65,6 +65,9 @@ __all__ = ["PACKED_ATTENTION", "CausalLM", "check_packed_attention", "token_loss
 
 log = logging.getLogger("skylift")
 
+Sequences = PackedDocuments | PackedBlocks | DocumentSequences | PreferencePairs
+"""A split's training sequences, as ``recipe.packing`` and ``recipe.objective`` cut them."""
+
 _INSTALL_HINT = "install skylift's text extra: pip install -c requirements/constraints.txt -e '.[text]'"
 
 
@@ -148,7 +151,7 @@ class CausalLM(Recipe):
                                      hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
 
-    def _sequences(self, rows: list[Any], field: str) -> PackedDocuments | PackedBlocks | DocumentSequences | PreferencePairs:
+    def _sequences(self, rows: list[Any], field: str) -> Sequences:
         if self.dpo is not None:
             return PreferencePairs(encode_preferences(rows, self.tokenizer, field), self.settings.sequence_length)
 

@@ -8,13 +8,24 @@ the tokenizer's end-of-sequence token, so the model learns where a document stop
 tokenizer's chat template with the assistant turns as targets (:mod:`skylift.data.chat`;
 the template ends it). A file holds chat rows or the other two, not both.
 
-Two ways to cut documents into training sequences:
+Three ways to cut documents into training sequences:
 
-- :class:`PackedBlocks` concatenates the documents and cuts the stream into blocks of
-  ``sequence_length`` inputs, each with the next token of every position as its label
-  (HF ``run_clm.py``'s ``group_texts``, torchtitan's packing). Every token except the
-  stream's first is a target exactly once; the tail shorter than a block is dropped.
-  Attention crosses the documents inside a block, as in those references.
+- :class:`PackedDocuments` (packing, the default) places several documents in one
+  sequence of at most ``sequence_length`` positions, each attending only to itself: the
+  per-document position ids restart at 0, and transformers builds the block-diagonal
+  causal mask from them (``masking_utils.find_packed_sequence_indices``; flash attention
+  takes them as variable-length sequences). No position predicts across a boundary: a
+  document contributes its inputs ``ids[:-1]`` and labels ``ids[1:]``, so its last input
+  predicts its own end-of-sequence token and the next document's first token is an input
+  only. Documents are placed by best-fit decreasing (deterministic); a document longer
+  than ``sequence_length`` is split into pieces of ``sequence_length`` positions (one
+  token of overlap, so every token is predicted once), each piece its own document.
+- :class:`PackedBlocks` (``packing_across_documents``) concatenates the documents and
+  cuts the stream into blocks of ``sequence_length`` inputs, each with the next token of
+  every position as its label (HF ``run_clm.py``'s ``group_texts``, torchtitan's
+  packing). Every token except the stream's first is a target exactly once; the tail
+  shorter than a block is dropped. Attention and prediction cross the documents inside a
+  block, as in those references: for a corpus whose rows are pieces of longer texts.
 - :class:`DocumentSequences` keeps one document per sequence (truncated to
   ``sequence_length``), with its length for token-budget batching; batches are padded
   to their longest sequence (:func:`causal_collate`).
@@ -25,6 +36,7 @@ so the loss is a plain cross-entropy over positions.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,10 +60,13 @@ __all__ = [
     "DocumentSequences",
     "EncodedDocument",
     "PackedBlocks",
+    "PackedDocuments",
     "Row",
+    "best_fit_decreasing",
     "causal_collate",
     "encode_conversations",
     "encode_documents",
+    "packed_collate",
     "read_jsonl_documents",
 ]
 
@@ -181,7 +196,8 @@ def _labels(ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class PackedBlocks(Dataset):
-    """The documents as one token stream cut into blocks of ``sequence_length`` positions.
+    """The documents as one token stream cut into blocks of ``sequence_length`` positions
+    (``recipe.packing_across_documents``: attention crosses documents).
 
     Block ``i`` reads stream tokens ``[iL, (i+1)L)`` and predicts ``[iL+1, (i+1)L]``:
     consecutive blocks overlap by one token, so no prediction is lost at a block edge.
@@ -208,6 +224,81 @@ class PackedBlocks(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.input_ids[index], self.labels[index]
+
+
+class PackedDocuments(Dataset):
+    """Documents packed into sequences of at most ``sequence_length`` positions, each
+    document attending only to itself (see the module's docstring).
+
+    Item ``i`` is ``(input_ids, labels, position_ids)``; ``document_lengths[i]`` lists the
+    positions of each document it holds, in order. ``split_documents`` counts the
+    documents cut into pieces; documents of a single token (nothing to predict) are left out.
+
+    Raises:
+        SkyliftConfigError: no document holds two tokens, so there is nothing to predict.
+    """
+
+    def __init__(self, documents: Sequence[EncodedDocument], sequence_length: int, *, field: str) -> None:
+        pieces: list[tuple[list[int], list[bool]]] = []
+        self.split_documents = 0
+        for document in documents:
+            predictions = len(document.ids) - 1
+            self.split_documents += predictions > sequence_length
+            # Piece k reads ids[kL : kL+L] and predicts ids[kL+1 : kL+L+1]: one token of overlap.
+            for start in range(0, predictions, sequence_length):
+                stop = start + sequence_length + 1
+                pieces.append((document.ids[start:stop], document.targets[start:stop]))
+        if not pieces:
+            raise SkyliftConfigError(f"{field}: no document holds two tokens, so there is nothing to predict",
+                                     hint="Give documents with text in them")  # fmt: skip
+        self.sequences: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.document_lengths: list[list[int]] = []
+        for members in best_fit_decreasing([len(ids) - 1 for ids, _ in pieces], sequence_length):
+            ids = [torch.tensor(pieces[index][0], dtype=torch.long) for index in members]
+            targets = [torch.tensor(pieces[index][1], dtype=torch.bool) for index in members]
+            lengths = [len(piece) - 1 for piece in ids]
+            labels = [_labels(piece[1:], flags[1:]) for piece, flags in zip(ids, targets, strict=True)]
+            self.sequences.append((torch.cat([piece[:-1] for piece in ids]), torch.cat(labels),
+                                   torch.cat([torch.arange(length) for length in lengths])))  # fmt: skip
+            self.document_lengths.append(lengths)
+        self.lengths = [len(inputs) for inputs, _, _ in self.sequences]
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.sequences[index]
+
+
+def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices of ``lengths`` (each at most ``capacity``) grouped into bins of total at
+    most ``capacity``: longest first (ties in index order), each into the open bin it
+    fills fullest, else a new bin. Deterministic: the same lengths give the same bins
+    (exact resume needs the same dataset indices). Bins in the order they were opened,
+    each listing its indices in increasing order."""
+    bins: list[list[int]] = []
+    rooms: list[int] = []  # the distinct free capacities of open bins, sorted
+    open_bins: dict[int, list[int]] = {}  # free capacity -> the open bins with that much room
+    for index in sorted(range(len(lengths)), key=lambda item: (-lengths[item], item)):
+        length = lengths[index]
+        at = bisect.bisect_left(rooms, length)
+        if at == len(rooms):
+            chosen, room = len(bins), capacity
+            bins.append([])
+        else:
+            room = rooms[at]
+            chosen = open_bins[room].pop()
+            if not open_bins[room]:
+                del open_bins[room]
+                rooms.pop(at)
+        bins[chosen].append(index)
+        left = room - length
+        if left > 0:
+            if left not in open_bins:
+                bisect.insort(rooms, left)
+                open_bins[left] = []
+            open_bins[left].append(chosen)
+    return [sorted(members) for members in bins]
 
 
 class DocumentSequences(Dataset):
@@ -255,5 +346,27 @@ def causal_collate(pad_id: int) -> Callable[[list[tuple[torch.Tensor, torch.Tens
             labels[row, : len(targets)] = targets
             attention_mask[row, : len(inputs)] = 1
         return input_ids, attention_mask, labels
+
+    return collate
+
+
+def packed_collate(pad_id: int) -> Callable[[list[tuple[torch.Tensor, ...]]], dict[str, torch.Tensor]]:
+    """Join :class:`PackedDocuments` items into ``{"input_ids", "position_ids", "labels"}``,
+    right-padded to the longest. The padding is one more document (positions from 0,
+    labels :data:`IGNORE_INDEX`, inputs ``pad_id``): it attends only to itself and nothing
+    attends to it, so no 2D attention mask is needed, and none is given: transformers
+    reads packed documents from the position ids only when the attention mask is ``None``."""
+
+    def collate(samples: list[tuple[torch.Tensor, ...]]) -> dict[str, torch.Tensor]:
+        longest = max(len(inputs) for inputs, _, _ in samples)
+        input_ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+        labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
+        position_ids = torch.arange(longest).repeat(len(samples), 1)
+        for row, (inputs, targets, positions) in enumerate(samples):
+            input_ids[row, : len(inputs)] = inputs
+            labels[row, : len(targets)] = targets
+            position_ids[row, : len(positions)] = positions
+            position_ids[row, len(positions) :] = torch.arange(longest - len(positions))
+        return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
 
     return collate

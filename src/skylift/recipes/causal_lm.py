@@ -6,7 +6,9 @@ the built-in tiny Llama (:mod:`skylift.recipes.tiny_lm`). Documents are ``text``
 ``prompt``/``completion`` rows whose prompt is masked out of the loss
 (:mod:`skylift.data.jsonl_text`), or chats (``messages`` rows) rendered by the
 tokenizer's chat template with only the assistant turns learned
-(:mod:`skylift.data.chat`), packed into blocks of ``sequence_length`` tokens, or
+(:mod:`skylift.data.chat`), packed several to a sequence of up to ``sequence_length``
+tokens, each attending only to itself (per-document position ids, from which
+transformers builds the block-diagonal causal mask), or
 one per sequence and padded per batch (with ``data.batching: token_budget``, sorted
 into micro-batches of at most ``data.max_tokens`` padded tokens). With
 ``recipe.objective: dpo`` the rows are preferences (a prompt, a chosen and a rejected
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,9 +42,11 @@ from skylift.data.jsonl_text import (
     IGNORE_INDEX,
     DocumentSequences,
     PackedBlocks,
+    PackedDocuments,
     causal_collate,
     encode_conversations,
     encode_documents,
+    packed_collate,
     read_jsonl_documents,
 )
 from skylift.data.preference import (
@@ -56,9 +61,12 @@ from skylift.recipes.hf_models import offline
 from skylift.recipes.preference import REWARD_SCALARS, Reference, dpo_losses, pair_sums, sequence_log_probs
 from skylift.recipes.settings.causal_lm import TINY_LLAMA, CausalLMSettings
 
-__all__ = ["CausalLM", "token_loss_sums"]
+__all__ = ["PACKED_ATTENTION", "CausalLM", "check_packed_attention", "token_loss_sums"]
 
 log = logging.getLogger("skylift")
+
+Sequences = PackedDocuments | PackedBlocks | DocumentSequences | PreferencePairs
+"""A split's training sequences, as ``recipe.packing`` and ``recipe.objective`` cut them."""
 
 _INSTALL_HINT = "install skylift's text extra: pip install -c requirements/constraints.txt -e '.[text]'"
 
@@ -143,7 +151,7 @@ class CausalLM(Recipe):
                                      hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
 
-    def _sequences(self, rows: list[Any], field: str) -> PackedBlocks | DocumentSequences | PreferencePairs:
+    def _sequences(self, rows: list[Any], field: str) -> Sequences:
         if self.dpo is not None:
             return PreferencePairs(encode_preferences(rows, self.tokenizer, field), self.settings.sequence_length)
 
@@ -157,8 +165,10 @@ class CausalLM(Recipe):
         else:
             texts = [row for row in rows if not isinstance(row, Conversation)]
             documents = encode_documents(texts, encode, int(self.tokenizer.eos_token_id), mask_prompt=mask_prompt)
-        if self.settings.packing:
+        if self.settings.packing and self.settings.packing_across_documents:
             return PackedBlocks(documents, self.settings.sequence_length, field=field)
+        if self.settings.packing:
+            return PackedDocuments(documents, self.settings.sequence_length, field=field)
         return DocumentSequences(documents, self.settings.sequence_length)
 
     def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
@@ -168,10 +178,16 @@ class CausalLM(Recipe):
                      self.settings.sequence_length, train.truncated, train.dropped)  # fmt: skip
             return
         labelled = int((train.labels != IGNORE_INDEX).sum()) if isinstance(train, PackedBlocks) else sum(
-            int((labels != IGNORE_INDEX).sum()) for _, labels in train.sequences)  # fmt: skip
+            int((sequence[1] != IGNORE_INDEX).sum()) for sequence in train.sequences)  # fmt: skip
         length = self.settings.sequence_length
-        shape = (f"{len(train)} packed blocks of {length} tokens" if isinstance(train, PackedBlocks)
-                 else f"{len(train)} sequences (up to {length} tokens; {train.truncated} cut there)")
+        if isinstance(train, PackedBlocks):
+            shape = f"{len(train)} packed blocks of {length} tokens, attention across documents"
+        elif isinstance(train, PackedDocuments):
+            filled = sum(train.lengths) / (len(train) * length)
+            shape = (f"{len(train)} packed sequences of up to {length} tokens ({filled:.1%} filled; "
+                     f"{train.split_documents} documents split into pieces there)")
+        else:
+            shape = f"{len(train)} sequences (up to {length} tokens; {train.truncated} cut there)"
         log.info("causal_lm: %d training and %d validation documents; training: %s, %d labelled tokens; "
                  "validation: %d sequences", len(train_rows), len(val_rows), shape, labelled, len(val))  # fmt: skip
 
@@ -182,6 +198,8 @@ class CausalLM(Recipe):
         (``with torch.device("meta")``: a memory estimate, or a sharded run that loads
         :meth:`weights_source` itself), the architecture only."""
         model = self._base_model()
+        if self.settings.packing and not self.settings.packing_across_documents and self.dpo is None:
+            check_packed_attention(model)
         if self.settings.lora is None:
             if self.reference is not None:
                 self.reference.keep_copy(model)
@@ -221,7 +239,11 @@ class CausalLM(Recipe):
         return self.folder
 
     def collate(self, train: bool) -> Any:
-        return preference_collate(self.pad_id) if self.dpo is not None else causal_collate(self.pad_id)
+        if self.dpo is not None:
+            return preference_collate(self.pad_id)
+        if self.settings.packing and not self.settings.packing_across_documents:
+            return packed_collate(self.pad_id)
+        return causal_collate(self.pad_id)
 
     def _dpo_forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, ...]:
         """Per pair of ``batch`` (``(B, 2, T)`` tensors): DPO's loss and the two rewards."""
@@ -234,9 +256,18 @@ class CausalLM(Recipe):
         return dpo_losses(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:], beta=self.dpo.beta,
                           label_smoothing=self.dpo.label_smoothing)  # fmt: skip
 
+    def logits(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The model's logits on a collated batch: padded documents, or packed ones."""
+        if isinstance(batch, dict):  # packed documents (packed_collate)
+            # No attention mask and no cache: only then does transformers read the packed
+            # documents from the position ids and build the block-diagonal causal mask.
+            return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+        input_ids, attention_mask, _ = batch
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits
+
     def _forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        input_ids, attention_mask, labels = batch
-        return token_loss_sums(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
+        labels = batch["labels"] if isinstance(batch, dict) else batch[2]
+        return token_loss_sums(self.logits(model, batch), labels)
 
     def training_loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """Mean cross-entropy over the batch's labelled tokens (0 when it has none); with DPO,
@@ -253,7 +284,8 @@ class CausalLM(Recipe):
         its pairs (a pair's loss is one term, however long its completions)."""
         if self.dpo is not None:
             return torch.tensor(len(batch[0]), device=batch[0].device)
-        return (batch[2] != IGNORE_INDEX).sum()
+        labels = batch["labels"] if isinstance(batch, dict) else batch[2]
+        return (labels != IGNORE_INDEX).sum()
 
     def training_sums(self, batch: Any) -> dict[str, torch.Tensor] | None:
         """With DPO, the reward sums of ``batch`` that :meth:`training_loss` just computed."""
@@ -336,6 +368,39 @@ class CausalLM(Recipe):
             transformers.logging.enable_progress_bar()
         self.tokenizer.save_pretrained(str(out_dir))
         return sorted(path for path in out_dir.iterdir() if path.is_file())
+
+
+PACKED_ATTENTION = ("sdpa", "eager", "flex_attention")
+"""The attention implementations that keep packed documents apart: transformers'
+``create_causal_mask`` turns per-document position ids into a block-diagonal mask for
+them. Flash attention is not among them: transformers 5's flash path ignores that mask
+and reads packed position ids only for a batch of one row (``_is_packed_sequence``), so
+a micro-batch of several packed rows would attend across documents."""
+
+
+def check_packed_attention(model: nn.Module) -> None:
+    """Refuse a model that would let packed documents attend to each other: one whose
+    attention implementation is not in :data:`PACKED_ATTENTION` (a custom kernel gets no
+    mask from transformers, so every position would see the whole sequence's past), or
+    whose modelling code does not build its mask with transformers' ``create_causal_mask``
+    (older or remote code, which ignores packed position ids).
+
+    Raises:
+        SkyliftConfigError: naming recipe.packing, the model's class and its attention.
+    """
+    config = getattr(model, "config", None)
+    attention = getattr(config, "_attn_implementation", None)
+    module = sys.modules.get(type(getattr(model, "base_model", model)).__module__)
+    reads_positions = module is not None and hasattr(module, "create_causal_mask")
+    if attention in PACKED_ATTENTION and reads_positions:
+        return
+    why = (f"its attention implementation is {attention!r}, which gets no block-diagonal mask from transformers"
+           if attention not in PACKED_ATTENTION else
+           "its modelling code does not build its mask with transformers' create_causal_mask")  # fmt: skip
+    raise SkyliftConfigError(
+        f"recipe.packing: {type(model).__name__} cannot keep packed documents apart: {why}, so each document "
+        "would attend to the ones before it in its sequence", hint="Set recipe.packing: false (one document a "
+        f"sequence, padded), or load the model with attn_implementation one of {', '.join(PACKED_ATTENTION)}")
 
 
 def _model_folder(path: str) -> Path:

@@ -114,9 +114,19 @@ class CausalLMSettings(RecipeSettings):
     """Tokens per training sequence: the length of each packed block, or, unpacked, the
     longest document kept (longer ones are cut there; the run logs how many)."""
     packing: bool = True
-    """Concatenate the documents and cut them into blocks of ``sequence_length`` (no
-    padding; attention crosses document boundaries inside a block). ``false``: one
-    document per sequence, padded per batch; needed with ``data.batching: token_budget``."""
+    """Place several documents in each sequence of up to ``sequence_length`` tokens, each
+    attending only to itself: position ids restart at 0 per document and the model's
+    attention gets the block-diagonal causal mask from them (transformers' sdpa, eager or
+    flex attention; another, flash attention included, is refused when the model is built). No token is
+    predicted from another document. A document longer than ``sequence_length`` is split
+    into pieces of that many tokens, each its own document. ``false``: one document per
+    sequence, cut at ``sequence_length``, padded per batch; needed with ``data.batching:
+    token_budget``."""
+    packing_across_documents: bool = False
+    """With ``packing``: concatenate the documents and cut the stream into blocks of
+    ``sequence_length`` instead (HF ``run_clm.py``'s ``group_texts``): no padding, but
+    attention and next-token prediction cross the documents inside a block. For a corpus
+    whose rows are consecutive pieces of longer texts; wrong for independent documents."""
     mask_prompt: bool = True
     """Leave a ``prompt``'s tokens out of the loss (labels -100), so only the completion is
     learned, and of a chat every token but the assistant turns'; ``false`` learns the
@@ -156,10 +166,14 @@ class CausalLMSettings(RecipeSettings):
         if data.url or data.val_url:
             raise SkyliftConfigError("data.url: causal_lm reads JSONL files (recipe.train_path, val_path), not "
                                      "streamed shards", hint="Remove data.url and data.val_url")  # fmt: skip
+        if self.packing_across_documents and not self.packing:
+            raise SkyliftConfigError("recipe.packing_across_documents: true needs recipe.packing: true",
+                                     hint="Set recipe.packing: true, or remove recipe.packing_across_documents")
         if data.batching == "token_budget" and self.packing:
             raise SkyliftConfigError(
-                "recipe.packing: packed blocks all hold recipe.sequence_length tokens, so data.batching: "
-                "token_budget has nothing to sort", hint="Set recipe.packing: false, or data.batching: fixed")
+                "recipe.packing: packed sequences are filled up to recipe.sequence_length tokens already, so "
+                "data.batching: token_budget has nothing to sort", hint="Set recipe.packing: false, or "
+                "data.batching: fixed")  # fmt: skip
         if data.batching == "token_budget" and self.sequence_length > data.max_tokens:
             raise SkyliftConfigError(
                 f"recipe.sequence_length ({self.sequence_length}) exceeds data.max_tokens ({data.max_tokens}): "

@@ -26,7 +26,7 @@ from skylift.recipes import build_recipe
 from tests.conftest import EXAMPLES
 
 pytest.importorskip("peft")
-import skylift.recipes.causal_lm  # noqa: E402, F401 - transformers' import at collection, not in the first test
+import skylift.recipes.causal_lm  # noqa: F401 - transformers' import at collection, not in the first test
 
 PRESET = EXAMPLES / "lora-tiny-cpu.yaml"
 FULL = ["recipe.lora=null"]
@@ -222,8 +222,8 @@ def llama_8b_adapters() -> dict[str, ModelMemory]:
 
 def test_the_plan_fits_llama_8b_adapters_on_one_h100_and_not_the_full_fine_tune(llama_8b_adapters):
     from skylift.plan.model import Target, predict_step
-    from skylift.plan.render import _cells
     from skylift.plan.ranking import Candidate
+    from skylift.plan.render import _cells
     from tests.plan.test_model import measurement
 
     m = measurement(device="cuda", device_name="NVIDIA H100", configured_precision="bf16", precision="bf16",
@@ -241,6 +241,11 @@ def test_the_plan_fits_llama_8b_adapters_on_one_h100_and_not_the_full_fine_tune(
     assert qlora.memory.frozen_weight_bytes == round(linear * 0.5625) + 4 * (8_030_261_248 - linear)
     assert qlora.memory.total_bytes < 11 * GIB < 30 * GIB < lora.memory.total_bytes
     assert lora.memory.gradient_bytes == qlora.memory.gradient_bytes == 4 * 41_943_040
+    from skylift.plan.planning import _memory_assumption
+
+    said = _memory_assumption(llama_8b_adapters["qlora"], None)
+    assert "gradients and optimizer state for the 41,943,040 trainable parameters only" in said
+    assert "6,979,321,856 of its parameters in 4-bit NF4 at 0.5625 bytes each" in said
     note = _cells(1, Candidate(instance="p5", provider="aws", count=1, spot=False, prediction=qlora))[-1]
     assert f"{qlora.memory.total_bytes / GIB:.1f} GiB a GPU (frozen base 7.6 GiB)" in note
 

@@ -185,7 +185,7 @@ def _checkpointed_blocks(config: RunConfig, model: nn.Module) -> list[nn.Module]
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:  # an older transformers: the named types only
-        GradientCheckpointingLayer = ()  # type: ignore[assignment,misc]  # noqa: N806
+        GradientCheckpointingLayer = ()  # type: ignore[assignment,misc]
     names = set(config.activation_checkpointing.module_types)
     switch = hasattr(model, "gradient_checkpointing_enable") or hasattr(model, "activation_checkpointing_enable")
     return [module for module in model.modules()
@@ -201,7 +201,7 @@ def nf4_quantized_parameters(model: nn.Module) -> list[Any]:
     each adapted linear is the one quantised)."""
     from torch import nn
 
-    base = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
+    base: Any = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     head_weights = {id(parameter) for parameter in head.parameters()} if head is not None else set()
     return [module.weight for module in model.modules()

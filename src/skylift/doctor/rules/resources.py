@@ -196,9 +196,10 @@ def _memory_parts(estimate: MemoryEstimate) -> str:
         frozen = estimate.frozen_weight_bytes
         four_bit = (f", {estimate.quantized_parameters:,} of them in 4-bit NF4"
                     if estimate.quantized_parameters else "")  # fmt: skip
-        parts += [f"{estimate.adapters}: {estimate.trainable_parameters:,} trainable of {estimate.parameters:,} "
-                  f"parameters: weights {format_bytes(estimate.parameter_bytes)} (frozen base "
-                  f"{format_bytes(frozen)}{four_bit}; trainable {format_bytes(estimate.parameter_bytes - frozen)})",
+        weights = (f"{estimate.adapters}: {estimate.trainable_parameters:,} trainable of {estimate.parameters:,} "
+                   f"parameters: weights {format_bytes(estimate.parameter_bytes)} (frozen base {format_bytes(frozen)}"
+                   f"{four_bit}; trainable {format_bytes(estimate.parameter_bytes - frozen)})")
+        parts += [weights,
                   f"gradients {format_bytes(estimate.gradient_bytes)}"
                   + (f" (DDP buckets {format_bytes(estimate.bucket_bytes)})" if estimate.bucket_bytes else ""),
                   f"optimizer {format_bytes(estimate.optimizer_bytes)}"]

@@ -247,7 +247,7 @@ def test_the_plan_fits_llama_8b_adapters_on_one_h100_and_not_the_full_fine_tune(
     assert "gradients and optimizer state for the 41,943,040 trainable parameters only" in said
     assert "6,979,321,856 of its parameters in 4-bit NF4 at 0.5625 bytes each" in said
     note = _cells(1, Candidate(instance="p5", provider="aws", count=1, spot=False, prediction=qlora))[-1]
-    assert f"{qlora.memory.total_bytes / GIB:.1f} GiB a GPU (frozen base 7.6 GiB)" in note
+    assert f"{qlora.memory.total_bytes / GIB:.3g} GiB a GPU (frozen base 7.57 GiB)" in note
 
 
 def test_micro_batch_auto_adds_only_the_adapters_optimizer_state():

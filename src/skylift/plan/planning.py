@@ -260,6 +260,7 @@ def _adapter_text(memory: ModelMemory) -> str:
     """With adapters: what trains, and that the frozen base holds no gradient or optimizer state."""
     if memory.adapters is None:
         return ""
+    from skylift.doctor.rules.resources import format_bytes
     from skylift.machine.memory import nf4_bytes_per_parameter
 
     frozen = memory.weight_bytes - memory.trainable_parameters * 4
@@ -268,7 +269,7 @@ def _adapter_text(memory: ModelMemory) -> str:
                 if memory.quantized_parameters else "")  # fmt: skip
     return (f"; {memory.adapters}: gradients and optimizer state for the {memory.trainable_parameters:,} "
             f"trainable parameters only, the frozen base of {memory.frozen_parameters:,} held as stored "
-            f"({frozen / 2**30:.2f} GiB{four_bit}) with none")
+            f"({format_bytes(frozen)}{four_bit}) with none")
 
 
 def _seconds(value: float | None) -> str:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from skylift.config.schema import RunConfig
     from skylift.machine.memory import ModelMemory
 
-__all__ = ["estimate_memory", "meta_model_and_batch", "sample_shape", "trace_model_memory"]
+__all__ = ["estimate_memory", "meta_model_and_batch", "nf4_quantized_parameters", "sample_shape", "trace_model_memory"]
 
 
 def sample_shape(config: RunConfig) -> tuple[int, tuple[int, ...]] | None:
@@ -69,6 +69,10 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
                                 sharding=sharding, accumulating=accumulating)  # fmt: skip
     return MemoryEstimate(
         parameters=model.parameters,
+        trainable_parameters=model.trainable_parameters,
+        adapters=model.adapters,
+        frozen_weight_bytes=breakdown.frozen_weight_bytes,
+        quantized_parameters=model.quantized_parameters,
         parameter_bytes=breakdown.parameter_bytes,
         gradient_bytes=breakdown.gradient_bytes + breakdown.bucket_bytes,
         bucket_bytes=breakdown.bucket_bytes,
@@ -77,8 +81,10 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
         autocast_weight_bytes=breakdown.autocast_weight_bytes,
         activation_bytes=breakdown.activation_bytes,
         total_bytes=breakdown.total_bytes,
-        # The whole checkpoint: under FSDP every rank writes its shard of it.
-        checkpoint_bytes=(breakdown.parameter_bytes + breakdown.optimizer_state_bytes) * breakdown.shard_count,
+        # The whole checkpoint: under FSDP every rank writes its shard of it; with adapters the
+        # frozen base stays out of it (skylift.recipes.adapters.keep_trainable_only).
+        checkpoint_bytes=(breakdown.parameter_bytes - breakdown.frozen_weight_bytes
+                          + breakdown.optimizer_state_bytes) * breakdown.shard_count,
         shard_count=breakdown.shard_count,
         unsharded_bytes=breakdown.unsharded_bytes,
         host_bytes=breakdown.host_bytes,
@@ -102,15 +108,16 @@ def trace_model_memory(config: RunConfig, micro_batch_size: int, *, sharded: boo
 
     model, batch, loss = meta_model_and_batch(config, micro_batch_size)
     blocks = select_blocks(model, config.distributed.fsdp.block_types) if sharded else None
+    adapters = _adapters(config, model)
     if config.recipe.name == "causal_lm":
         # On meta, attention takes the math path, which saves the sequence-squared score
         # matrix that a GPU's fused kernels never hold, and activation checkpointing does
         # not trace: counted, the activations would refuse jobs that fit. The state is exact.
-        return ModelMemory.of(model, config.optim, blocks=blocks, note="activations not traced: a causal "
-                              "language model's attention and activation checkpointing do not trace on meta")
+        return ModelMemory.of(model, config.optim, blocks=blocks, **adapters, note="activations not traced: a "
+                              "causal language model's attention and activation checkpointing do not trace on meta")
     saved, note = _saved_tensors(model, batch, loss)
     return ModelMemory.of(
-        model, config.optim, blocks=blocks, note=note,
+        model, config.optim, blocks=blocks, note=note, **adapters,
         saved_float_elements_per_sample=None if saved is None else saved[0] / micro_batch_size,
         saved_other_bytes_per_sample=0.0 if saved is None else saved[1] / micro_batch_size,
     )
@@ -131,6 +138,11 @@ def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.M
             batch = _text_batch(config, settings.max_length, micro_batch_size)
         elif config.recipe.name == "causal_lm":
             # The folder's config.json: the architecture only (causal_lm needs no dataset for it).
+            lora = getattr(settings, "lora", None)
+            if lora is not None and lora.quantize_base is not None:
+                # A 4-bit base needs bitsandbytes on a GPU to be built; on meta the adapters go on the
+                # full-precision architecture and trace_model_memory counts the 4-bit bytes instead.
+                settings.lora = lora.model_copy(update={"quantize_base": None})
             model = cast(Any, recipe).build_model(None)
             ids = torch.zeros(micro_batch_size, settings.sequence_length, dtype=torch.long)
             batch = (ids, None, ids)  # input ids, no padding mask, labels
@@ -145,6 +157,56 @@ def meta_model_and_batch(config: RunConfig, micro_batch_size: int) -> tuple[nn.M
             batch = (torch.empty(micro_batch_size, *shape[1]), torch.zeros(micro_batch_size, dtype=torch.long))
     model.train()
     return model, batch, recipe.training_loss
+
+
+def _adapters(config: RunConfig, model: nn.Module) -> dict[str, Any]:
+    """:meth:`ModelMemory.of`'s adapter arguments for ``recipe.lora``: what trains, in words,
+    and under ``quantize_base`` the frozen weights bitsandbytes holds in 4-bit NF4."""
+    if config.recipe.name != "causal_lm":
+        return {}
+    from skylift.recipes import check_recipe_settings
+
+    lora = check_recipe_settings(config).lora
+    if lora is None:
+        return {}
+    recomputed = _checkpointed_blocks(config, model)
+    if lora.quantize_base is None:
+        return {"adapters": f"LoRA rank {lora.rank}", "recomputed": recomputed}
+    return {"adapters": f"QLoRA rank {lora.rank}, base in 4-bit NF4", "quantized": nf4_quantized_parameters(model),
+            "recomputed": recomputed}
+
+
+def _checkpointed_blocks(config: RunConfig, model: nn.Module) -> list[nn.Module]:
+    """The blocks ``activation_checkpointing`` recomputes: a Hugging Face model's own switch
+    takes its ``GradientCheckpointingLayer`` s (the decoder layers,
+    :func:`skylift.train.model_tools.apply_activation_checkpointing`), else the named types."""
+    if not config.activation_checkpointing.enabled:
+        return []
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # an older transformers: the named types only
+        GradientCheckpointingLayer = ()  # type: ignore[assignment,misc]
+    names = set(config.activation_checkpointing.module_types)
+    switch = hasattr(model, "gradient_checkpointing_enable") or hasattr(model, "activation_checkpointing_enable")
+    return [module for module in model.modules()
+            if (switch and isinstance(module, GradientCheckpointingLayer)) or type(module).__name__ in names]
+
+
+def nf4_quantized_parameters(model: nn.Module) -> list[Any]:
+    """The weights a 4-bit base holds in NF4: transformers' bitsandbytes integration replaces
+    every ``nn.Linear`` but the output head (``modules_to_not_convert`` defaults to the
+    output embeddings) by ``bnb.nn.Linear4bit``, whose weight is quantised and whose bias
+    stays in the compute dtype; the adapters (trainable) and the embeddings, norms and head
+    keep their dtype. ``model`` may already carry PEFT's adapters (the frozen base layer of
+    each adapted linear is the one quantised)."""
+    from torch import nn
+
+    base: Any = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head_weights = {id(parameter) for parameter in head.parameters()} if head is not None else set()
+    return [module.weight for module in model.modules()
+            if isinstance(module, nn.Linear) and not module.weight.requires_grad
+            and id(module.weight) not in head_weights]  # fmt: skip
 
 
 def _meta_text_model(settings: Any, num_classes: int) -> nn.Module:

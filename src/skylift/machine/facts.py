@@ -203,6 +203,14 @@ class MemoryEstimate(_Facts):
     """Peak device memory of one training rank, from a trace on the meta device."""
 
     parameters: int = 0
+    trainable_parameters: int = 0
+    """Parameters that get gradients and optimizer state (with adapters: the adapters')."""
+    adapters: str | None = None
+    """What trains instead of every weight ("LoRA rank 16", "QLoRA ..."); ``None``: every weight."""
+    frozen_weight_bytes: int = 0
+    """The part of ``parameter_bytes`` that is frozen (the adapters' base, as stored)."""
+    quantized_parameters: int = 0
+    """Frozen parameters held in 4-bit NF4 (QLoRA)."""
     parameter_bytes: int = 0
     gradient_bytes: int = 0
     """Gradients, with DDP's bucket copy of them when there are several ranks."""
@@ -217,7 +225,7 @@ class MemoryEstimate(_Facts):
     """Tensors saved for backward by one micro-batch's forward; ``None`` when unknown."""
     total_bytes: int = 0
     checkpoint_bytes: int = 0
-    """One checkpoint: fp32 weights plus optimizer state."""
+    """One checkpoint: fp32 weights plus optimizer state (with adapters: theirs only)."""
     shard_count: int = 1
     """Ranks the weights, gradients and optimizer state are split over (FSDP); 1: DDP."""
     unsharded_bytes: int = 0

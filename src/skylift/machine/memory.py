@@ -5,14 +5,26 @@ trains (precision, ranks, :class:`Sharding`), :func:`training_memory` adds up wh
 holds at the peak of a step, the end of a micro-batch's forward, when autograd still
 holds every tensor it saved for backward::
 
-    weights              fp32 master weights (autocast keeps them in fp32)
-    gradients            fp32, one per trainable weight
+    weights              fp32 master weights of the trainable parameters (autocast keeps them in
+                         fp32); frozen ones (``recipe.lora``'s base) at the bytes they are stored in:
+                         their dtype, or 4-bit NF4 with its constants (:func:`nf4_bytes_per_parameter`)
+    gradients            fp32, one per trainable weight (a frozen weight has none)
     optimizer state      fp32, per trainable weight: AdamW 2 (moments), SGD with momentum 1, plain SGD 0
     DDP buckets          with several ranks, DDP's flattened copy of the gradients (bucket_cap_mib sets
                          the size of each bucket, not their total, which is every trainable weight)
-    EMA                  optim.ema_decay: an fp32 copy of the weights and buffers
-    autocast weights     bf16/fp16: the half copy of the weights autocast casts and backward keeps
+    EMA                  optim.ema_decay: a copy of the weights as stored (``AveragedModel`` deep-copies
+                         the whole model, frozen base too) and of the buffers
+    autocast weights     bf16/fp16: the half copy of the weights autocast casts and backward keeps;
+                         a 4-bit weight has none (bitsandbytes dequantises it per call, in forward and
+                         again in backward), nor has a frozen weight in an activation-checkpointed
+                         block (autocast caches trainable weights' casts only; the block's saved
+                         tensors, that copy among them, are dropped and made again in backward)
     activations          the tensors autograd saves for backward, per sample, times the micro-batch
+
+With adapters (LoRA) the trainable parameters are the adapters (and ``modules_to_save``),
+counted on the wrapped model itself (:meth:`ModelMemory.of`): gradients, optimizer state,
+DDP buckets and the checkpoint are theirs only. The adapter terms are held to real runs of
+the tiny Llama, full fine-tune against LoRA (``tests/doctor/test_adapter_memory.py``).
 
 Under FSDP2 (``distributed.strategy: fsdp``, :class:`Sharding`) weights, gradients,
 optimizer state and the EMA are divided by the shard group (every rank: FSDP2 shards
@@ -50,6 +62,7 @@ __all__ = [
     "ModelMemory",
     "Sharding",
     "fits_device",
+    "nf4_bytes_per_parameter",
     "optimizer_state_copies",
     "training_memory",
     "unsharded_bytes",
@@ -60,6 +73,31 @@ MEMORY_HEADROOM = 0.9
 
 _FP32_BYTES = 4
 _HALF_BYTES = 2
+
+
+NF4_BLOCK_SIZE = 64
+"""Weights per quantisation block: bitsandbytes' ``quantize_4bit(..., blocksize=64)`` default
+(``bitsandbytes/functional.py``), which ``Linear4bit``/``Params4bit`` and transformers'
+``BitsAndBytesConfig`` keep (``bnb_4bit_blocksize`` is not a setting there)."""
+NF4_NESTED_BLOCK_SIZE = 256
+"""Absmax values per second-level block under double quantisation: ``quantize_4bit`` with
+``compress_statistics=True`` calls ``quantize_blockwise(absmax, blocksize=256)``."""
+
+
+def nf4_bytes_per_parameter(*, double_quantization: bool = False) -> float:
+    """Device bytes of one weight held in bitsandbytes' 4-bit NF4, its constants included.
+
+    Two 4-bit codes a byte (0.5 B), and per block of :data:`NF4_BLOCK_SIZE` weights one
+    absmax in fp32 (``quantize_4bit`` allocates ``absmax`` as ``float32``, one per block):
+    ``0.5 + 4 / 64 = 0.5625`` B. With double quantisation (``compress_statistics=True``,
+    transformers' ``bnb_4bit_use_double_quant``, whose default is False) the absmax values
+    are themselves quantised to 8 bits (1 B per block) with one fp32 constant per 256 of
+    them: ``0.5 + 1 / 64 + 4 / (64 x 256) = 0.51587`` B (one fp32 offset per tensor
+    besides, negligible). The 256-entry codebooks are per tensor, negligible too.
+    """
+    if double_quantization:
+        return 0.5 + 1 / NF4_BLOCK_SIZE + _FP32_BYTES / (NF4_BLOCK_SIZE * NF4_NESTED_BLOCK_SIZE)
+    return 0.5 + _FP32_BYTES / NF4_BLOCK_SIZE
 
 
 def fits_device(total_bytes: float, device_memory_bytes: float) -> bool:
@@ -116,25 +154,64 @@ class ModelMemory:
     root_parameters: int | None = None
     """Parameters in no block (the root group, gathered for the whole step); ``None``:
     blocks not counted, so all of them count as the root's."""
+    frozen_weight_bytes: int | None = None
+    """Bytes the frozen parameters (``requires_grad`` False: a LoRA base) are stored in, at
+    their dtype or in 4-bit NF4; ``None``: 4 each (fp32), as a model built by hand says."""
+    quantized_parameters: int = 0
+    """Frozen parameters held in bitsandbytes' 4-bit NF4 (``recipe.lora.quantize_base``)."""
+    recomputed_frozen_parameters: int = 0
+    """Frozen full-precision parameters inside activation-checkpointed blocks: their autocast
+    copy goes with the block's saved tensors (autocast caches the casts of trainable leaves
+    only, ``cached_cast`` in ``aten/src/ATen/autocast_mode.cpp``), so none is kept."""
+    adapters: str | None = None
+    """What trains instead of the whole model, in words ("LoRA", "QLoRA ..."); ``None``: every weight."""
+
+    @property
+    def frozen_parameters(self) -> int:
+        return self.parameters - self.trainable_parameters
+
+    @property
+    def weight_bytes(self) -> int:
+        """Every weight as held: the trainable ones in fp32, the frozen ones as stored."""
+        frozen = self.frozen_parameters * _FP32_BYTES if self.frozen_weight_bytes is None else self.frozen_weight_bytes
+        return self.trainable_parameters * _FP32_BYTES + frozen
 
     @classmethod
-    def of(cls, module: Any, optim: Any, *, blocks: Iterable[Any] | None = None, **traced: Any) -> ModelMemory:
+    def of(cls, module: Any, optim: Any, *, blocks: Iterable[Any] | None = None, quantized: Iterable[Any] = (),
+           double_quantization: bool = False, adapters: str | None = None,
+           recomputed: Iterable[Any] = (), **traced: Any) -> ModelMemory:
         """The counts of a ``torch.nn.Module`` (on meta or a device) trained with the
         ``optim`` config section; ``blocks``: its FSDP blocks, innermost first
         (:func:`skylift.train.sharding.select_blocks`), to size what sharded training
-        gathers; ``traced``: the saved-tensor fields, where traced."""
+        gathers; ``quantized``: its frozen parameters that training holds in 4-bit NF4
+        (:func:`nf4_bytes_per_parameter`), where the module itself still holds them at
+        their dtype (a meta build); ``recomputed``: its activation-checkpointed blocks;
+        ``traced``: the saved-tensor fields, where traced.
+
+        Trainable and frozen are the module's own ``requires_grad``: after PEFT wraps a
+        model, its adapters (and ``modules_to_save``) train and the base is frozen."""
         parameters = list(module.parameters())
         grouped: dict[str, Any] = {}
         if blocks is not None:
             sizes, root = _group_sizes(module, blocks)
             grouped = {"block_count": len(sizes), "largest_block_parameters": max(sizes, default=0),
                        "root_parameters": root}  # fmt: skip
+        four_bit = {id(p) for p in quantized}
+        nf4 = nf4_bytes_per_parameter(double_quantization=double_quantization)
+        frozen = [p for p in parameters if not p.requires_grad]
+        frozen_bytes = sum(p.numel() * nf4 if id(p) in four_bit else p.numel() * p.element_size() for p in frozen)
+        in_blocks = {id(p): p for block in recomputed for p in block.parameters()}
+        recomputed_frozen = sum(p.numel() for p in in_blocks.values() if not p.requires_grad and id(p) not in four_bit)
         return cls(
             parameters=sum(p.numel() for p in parameters),
             trainable_parameters=sum(p.numel() for p in parameters if p.requires_grad),
             buffer_elements=sum(b.numel() for b in module.buffers()),
             optimizer_state_copies=optimizer_state_copies(optim.name, optim.momentum),
             ema=optim.ema_decay is not None,
+            frozen_weight_bytes=round(frozen_bytes),
+            quantized_parameters=sum(p.numel() for p in frozen if id(p) in four_bit),
+            recomputed_frozen_parameters=recomputed_frozen,
+            adapters=adapters,
             **grouped,
             **traced,
         )
@@ -235,6 +312,9 @@ class MemoryBreakdown:
     offloaded: bool = False
     """FSDP ``cpu_offload``: the (sharded) weights, gradients, optimizer state and EMA are
     in host memory, not on the device."""
+    frozen_weight_bytes: int = 0
+    """The part of ``parameter_bytes`` that is frozen (a LoRA base): no gradient, no
+    optimizer state, and not in a checkpoint (which holds the adapters)."""
 
     @property
     def sharded_state_bytes(self) -> int:
@@ -297,15 +377,20 @@ def training_memory(model: ModelMemory, micro_batch_size: int, *, half_precision
         per_sample = model.saved_float_elements_per_sample * element_bytes + model.saved_other_bytes_per_sample
         activations = round(per_sample * micro_batch_size)
     # FSDP's EMA averages the sharded weights (buffers stay whole on every rank).
-    ema_elements = model.parameters // shards + model.buffer_elements if model.ema else 0
+    ema_bytes = model.weight_bytes // shards + model.buffer_elements * _FP32_BYTES if model.ema else 0
+    # Autocast casts every floating weight a layer uses, frozen ones too, and backward keeps the
+    # copy (a frozen layer still passes the gradient to its input); a 4-bit weight is dequantised
+    # per call instead, and a frozen weight in a recomputed block is cast again in backward.
+    cast = model.parameters - model.quantized_parameters - model.recomputed_frozen_parameters
     return MemoryBreakdown(
         micro_batch_size=micro_batch_size,
-        parameter_bytes=model.parameters * _FP32_BYTES // shards,
+        parameter_bytes=model.weight_bytes // shards,
         gradient_bytes=trainable // shards,
         optimizer_state_bytes=trainable * model.optimizer_state_copies // shards,
         bucket_bytes=trainable if world_size > 1 and sharding is None else 0,
-        ema_bytes=ema_elements * _FP32_BYTES,
-        autocast_weight_bytes=model.parameters * _HALF_BYTES if half_precision and sharding is None else 0,
+        ema_bytes=ema_bytes,
+        autocast_weight_bytes=cast * _HALF_BYTES if half_precision and sharding is None else 0,
+        frozen_weight_bytes=(model.weight_bytes - trainable) // shards,
         activation_bytes=activations,
         shard_count=shards,
         unsharded_bytes=unsharded_bytes(model, sharding, half_precision=half_precision,

@@ -233,13 +233,15 @@ def _model_memory(config: RunConfig, measurement: Measurement) -> ModelMemory | 
 def _memory_assumption(memory: ModelMemory | None, sharding: Sharding | None) -> str:
     if memory is None or not memory.parameters:
         return "memory fit: not checked (the model was not traced)"
+    adapters = _adapter_text(memory)
     if memory.saved_float_elements_per_sample is None:
         how = ("sharded over each candidate's ranks (FSDP2) with what a rank gathers" if sharding else
                "with DDP buckets and half weight copies")  # fmt: skip
-        return (f"memory fit: the model state only ({memory.note or 'activations not traced'}), {how}, within "
-                f"{MEMORY_HEADROOM:.0%} of GPU memory")
+        return (f"memory fit: the model state only ({memory.note or 'activations not traced'}){adapters}, {how}, "
+                f"within {MEMORY_HEADROOM:.0%} of GPU memory")
     state = (f"fp32 weights and gradients, {memory.optimizer_state_copies} optimizer state cop"
              f"{'y' if memory.optimizer_state_copies == 1 else 'ies'}" + (", an EMA copy" if memory.ema else ""))
+    state += adapters
     if sharding is not None:
         blocks = (f"the root group ({memory.root_parameters:,} parameters) and twice the largest of "
                   f"{memory.block_count} blocks ({memory.largest_block_parameters:,})" if memory.root_parameters
@@ -252,6 +254,22 @@ def _memory_assumption(memory: ModelMemory | None, sharding: Sharding | None) ->
     return (f"memory fit: {state}, DDP buckets with several GPUs, half weight copies under bf16/fp16, and the "
             f"tensors saved for backward (meta trace), within {MEMORY_HEADROOM:.0%} of GPU memory; the same "
             "model as skylift doctor's")
+
+
+def _adapter_text(memory: ModelMemory) -> str:
+    """With adapters: what trains, and that the frozen base holds no gradient or optimizer state."""
+    if memory.adapters is None:
+        return ""
+    from skylift.doctor.rules.resources import format_bytes
+    from skylift.machine.memory import nf4_bytes_per_parameter
+
+    frozen = memory.weight_bytes - memory.trainable_parameters * 4
+    four_bit = (f", {memory.quantized_parameters:,} of its parameters in 4-bit NF4 at "
+                f"{nf4_bytes_per_parameter():.4g} bytes each (bitsandbytes' blocksize-64 fp32 absmax)"
+                if memory.quantized_parameters else "")  # fmt: skip
+    return (f"; {memory.adapters}: gradients and optimizer state for the {memory.trainable_parameters:,} "
+            f"trainable parameters only, the frozen base of {memory.frozen_parameters:,} held as stored "
+            f"({format_bytes(frozen)}{four_bit}) with none")
 
 
 def _seconds(value: float | None) -> str:

@@ -41,6 +41,12 @@ def _cells(index: int | str, candidate: Candidate, note: str | None = None) -> t
         flags.append(p.bound)
     if p.accumulation_steps > 1:
         flags.append(f"accumulation {p.accumulation_steps}")
+    if p.memory is not None and p.memory.frozen_weight_bytes:
+        from skylift.doctor.rules.resources import format_bytes
+
+        # With adapters the state is far from 16 bytes a parameter: show what a GPU holds.
+        flags.append(f"{format_bytes(p.memory.total_bytes)} a GPU (frozen base "
+                     f"{format_bytes(p.memory.frozen_weight_bytes)})")
     if candidate.spot and candidate.spot_savings_usd is not None:
         flags.append(f"saves ${_number(candidate.spot_savings_usd)}, "
                      f"{_number(candidate.expected_interruptions)} interruptions expected")  # fmt: skip

@@ -191,10 +191,28 @@ def _offloaded_state_finding(facts: Facts, job: JobFacts, estimate: MemoryEstima
 
 def _memory_parts(estimate: MemoryEstimate) -> str:
     parts = [estimate.sharding] if estimate.sharding else []
+    if estimate.adapters:
+        # Frozen weights have no gradient and no optimizer state: say which part of the weights they are.
+        frozen = estimate.frozen_weight_bytes
+        four_bit = (f", {estimate.quantized_parameters:,} of them in 4-bit NF4"
+                    if estimate.quantized_parameters else "")  # fmt: skip
+        weights = (f"{estimate.adapters}: {estimate.trainable_parameters:,} trainable of {estimate.parameters:,} "
+                   f"parameters: weights {format_bytes(estimate.parameter_bytes)} (frozen base {format_bytes(frozen)}"
+                   f"{four_bit}; trainable {format_bytes(estimate.parameter_bytes - frozen)})")
+        parts += [weights,
+                  f"gradients {format_bytes(estimate.gradient_bytes)}"
+                  + (f" (DDP buckets {format_bytes(estimate.bucket_bytes)})" if estimate.bucket_bytes else ""),
+                  f"optimizer {format_bytes(estimate.optimizer_bytes)}"]
+        return ", ".join(parts + _other_parts(estimate))
     parts += [f"{estimate.parameters:,} parameters: weights {format_bytes(estimate.parameter_bytes)}",
              f"gradients {format_bytes(estimate.gradient_bytes)}"
              + (f" (DDP buckets {format_bytes(estimate.bucket_bytes)})" if estimate.bucket_bytes else ""),
              f"optimizer {format_bytes(estimate.optimizer_bytes)}"]
+    return ", ".join(parts + _other_parts(estimate))
+
+
+def _other_parts(estimate: MemoryEstimate) -> list[str]:
+    parts = []
     if estimate.ema_bytes:
         parts.append(f"EMA {format_bytes(estimate.ema_bytes)}")
     if estimate.autocast_weight_bytes:
@@ -205,7 +223,7 @@ def _memory_parts(estimate: MemoryEstimate) -> str:
         parts.append(f"in host memory {format_bytes(estimate.host_bytes)}")
     activations = estimate.activation_bytes
     parts.append(f"activations {'unknown' if activations is None else format_bytes(activations)}")
-    return ", ".join(parts)
+    return parts
 
 
 @rule("cpus")

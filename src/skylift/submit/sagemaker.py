@@ -96,6 +96,11 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
     if not options.instance_type:
         found.append(Problem("--instance (submit.instance_type)", "SageMaker needs an instance type, e.g. "
                              "ml.p4d.24xlarge", ("--instance", "<instance-type>")))
+    found += input_problems(options.inputs, OBJECT_STORES, "SageMaker", "an S3 input channel")
+    if len(options.inputs) > _MAX_CHANNELS - 2:  # train and validation of a config job take two
+        found.append(Problem("--input", f"SageMaker takes at most {_MAX_CHANNELS - 2} inputs (20 input channels, "
+                             "2 kept for a config job's data); one prefix holding several folders is one input", ()))
+    found += secret_env_problems(options.envs, "SageMaker", SECRET_FIX)
     return found
 
 

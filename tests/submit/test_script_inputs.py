@@ -128,10 +128,9 @@ def test_kubernetes_mounts_a_claim_and_a_host_folder_as_volumes(kube_api, cli_he
 
 
 def test_a_pytorch_job_mounts_the_inputs_in_its_pod_template():
+    from skylift.submit import kubernetes
     from tests.submit.script_jobs import make_script_job
     from tests.submit.test_kubernetes_schemas import problems
-
-    from skylift.submit import kubernetes
 
     job = make_script_job("k8s", submit={"inputs": {"train": "pvc://datasets"},
                                          "kubernetes": {"api": "pytorchjob", "cloud": "eks"}})
@@ -146,10 +145,9 @@ def test_a_pytorch_job_mounts_the_inputs_in_its_pod_template():
 
 
 def test_skypilot_mounts_each_bucket_with_file_mounts():
+    from skylift.submit import skypilot
     from tests.submit.script_jobs import make_script_job
     from tests.submit.test_skypilot import _validate
-
-    from skylift.submit import skypilot
 
     task = skypilot.build(make_script_job("skypilot", submit={"inputs": {"train": "gs://bucket/data"}})).body
     assert task["file_mounts"] == {"/mnt/skylift/inputs/train": {"source": "gs://bucket/data", "mode": "MOUNT"}}

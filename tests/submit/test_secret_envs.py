@@ -110,9 +110,8 @@ def test_the_dry_run_shows_the_reference_and_no_value(cli_here):
 def test_pods_get_no_storage_credentials_of_this_machine(vendor_credentials):
     """The pods reach the checkpoint bucket with their service account (IRSA, workload
     identity): no key of the submitting machine is written into any object sent."""
-    from tests.submit.conftest import make_job
-
     from skylift.submit import kubernetes
+    from tests.submit.conftest import make_job
 
     for api in ("trainjob", "pytorchjob"):
         request = kubernetes.build(make_job("k8s", submit={"kubernetes": {"api": api, "cloud": "eks"}}))

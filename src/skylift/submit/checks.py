@@ -42,7 +42,8 @@ class Problem:
 
     def line(self) -> str:
         # No fix on the command line (the message says what to do instead): no empty "fix:".
-        return f"{self.field}: {self.message}; fix: {' '.join(self.fix)}" if self.fix else f"{self.field}: {self.message}"
+        fix = f"; fix: {' '.join(self.fix)}" if self.fix else ""
+        return f"{self.field}: {self.message}{fix}"
 
 
 def require(problems: Sequence[Problem], command: Sequence[str] | None = None) -> None:

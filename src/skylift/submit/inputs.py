@@ -67,7 +67,8 @@ def input_problems(inputs: Mapping[str, str], schemes: Sequence[str], platform: 
         wanted = ", ".join(f"{item}://" for item in schemes)
         found.append(Problem(f"--input {name}", f"{platform} mounts only {wanted} inputs ({mechanism}), not "
                              f"{url.partition('://')[0] + '://' if '://' in url else repr(url)}",
-                             ("--input", f"{name}={schemes[0]}://<bucket>/<prefix>"), drop=(f"--input {name}", f"--set submit.inputs.{name}")))
+                             ("--input", f"{name}={schemes[0]}://<bucket>/<prefix>"),
+                             drop=(f"--input {name}", f"--set submit.inputs.{name}")))
     return found
 
 

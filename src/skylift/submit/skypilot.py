@@ -96,7 +96,8 @@ def build(job: JobSpec) -> SubmitRequest:
         resources["disk_size"] = options.skypilot.disk_size_gib
     mounts = [Mount(name, url, f"{INPUT_MOUNT}/{name}") for name, url in job.inputs.items()]
     envs = {} if PLATFORM_VARIABLE in job.envs else {PLATFORM_VARIABLE: NAME}
-    envs.update({input_variable(mount.name): mount.path for mount in mounts if input_variable(mount.name) not in job.envs})
+    envs.update({input_variable(mount.name): mount.path for mount in mounts
+                 if input_variable(mount.name) not in job.envs})
     task = {
         "name": job.name,
         "num_nodes": options.instance_count,

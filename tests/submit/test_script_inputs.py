@@ -192,3 +192,25 @@ def test_a_bad_input_is_named(cli_here):
     assert result.returncode == 2 and "input name '2nd' must be a letter" in result.stderr
     result = cli_here(*_argv("k8s", "--dry-run", "--input", "train", inputs=()))
     assert result.returncode == 2 and "'train' is not NAME=URL" in result.stderr
+
+
+def test_a_later_watch_resubmits_the_job_with_its_inputs(vendor_credentials, capsys, monkeypatch):
+    """The job's record holds --input, so the resubmission after a reclaim mounts the same data."""
+    from skylift.cli.main import main
+    from tests.submit.fake_platforms import FakeDlc
+    from tests.submit.script_jobs import REPO_ROOT
+    from tests.submit.test_script_watch import _pai_argv
+
+    monkeypatch.chdir(REPO_ROOT)
+    dlc = FakeDlc(["reclaimed", "Succeeded"])
+    try:
+        assert main(_pai_argv(dlc, "--input", "train=oss://bucket/data/train")) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert main(["jobs", "watch", document["job"]]) == 0
+        first, second = dlc.created
+    finally:
+        dlc.close()
+    assert second["DataSources"] == first["DataSources"]
+    assert {"Uri": "oss://bucket/data/train/", "MountPath": "/mnt/skylift/inputs/train", "MountAccess": "RO"} in \
+        second["DataSources"]
+    assert second["Envs"]["SKYLIFT_INPUT_TRAIN"] == "/mnt/skylift/inputs/train"

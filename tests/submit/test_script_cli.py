@@ -13,7 +13,7 @@ import pytest
 
 from tests.submit.conftest import IMAGE, SECRETS
 from tests.submit.script_jobs import REPO_ROOT, SCRIPT, SCRIPT_CONFIG, node_command
-from tests.submit.test_cli_submit import OPERATIONS, PLATFORM_ARGS
+from tests.submit.test_cli_submit import OPERATIONS, PLATFORM_ARGS, _secret_env
 
 SCRIPT_ARGS = ["--", *SCRIPT]
 
@@ -25,14 +25,15 @@ def _argv(platform: str, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("platform", list(PLATFORM_ARGS))
 def test_the_dry_run_shows_the_request_that_launches_the_script_and_no_secret(platform, cli_here, vendor_credentials):
-    result = cli_here(*_argv(platform, "--json", "--set", f"submit.envs.HF_TOKEN={SECRETS[0]}"))
+    secret_env = _secret_env(platform, 0, SECRETS[0])  # HF_TOKEN where a literal one may go
+    result = cli_here(*_argv(platform, "--json", "--set", secret_env))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert (document["operation"], document["sent"]) == (OPERATIONS[platform], False)
     argv, environment = node_command(platform, document["request"], document.get("applied_first", []))
     assert argv[:3] == ["skylift", "launch", "--checkpoint-root"]
     assert argv[argv.index("--"):] == SCRIPT_ARGS and "--run-dir" in argv
-    assert environment["SKYLIFT_PLATFORM"] == platform and environment["HF_TOKEN"] == "***redacted***"
+    assert environment["SKYLIFT_PLATFORM"] == platform and environment[secret_env.split("=")[0].removeprefix("submit.envs.")] == "***redacted***"
     for secret in SECRETS:
         assert secret not in result.stdout + result.stderr
 

@@ -106,7 +106,7 @@ def test_with_the_image_as_key_source_the_request_carries_no_key(vendor_credenti
 
 def test_every_submit_env_is_sent_private_whatever_its_name():
     """TI-ONE hides an ``IsPrivate`` value in its console: every ``submit.envs`` value is secret."""
-    body = tione.build(make_job("tione", submit={"envs": {"NOTE": "sk-test-123", "WANDB_API_KEY": "k"}})).body
+    body = tione.build(make_job("tione", submit={"envs": {"NOTE": "sk-test-123", "WANDB_PROJECT": "k"}})).body
     private = {env["Name"]: env["IsPrivate"] for env in body["Envs"]}
     assert private == {"SKYLIFT_PLATFORM": False, "SKYLIFT_COS_ENDPOINT_URL": False, "NOTE": True,
-                       "WANDB_API_KEY": True}
+                       "WANDB_PROJECT": True}  # a secret-looking name is refused (test_secret_envs.py)

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spot", action="store_true", default=None, help="spot capacity; the job resumes")
     parser.add_argument("--image", default=None, metavar="URI", help="image with skylift (skylift dockerfile)")
     parser.add_argument("--region", default=None, help="cloud region (default: the vendor's configured one)")
+    parser.add_argument("--input", dest="inputs", action="append", default=[], type=_input, metavar="NAME=URL",
+                        help="a script job's data (repeatable): the platform mounts URL and the job reads its folder "
+                             "from SKYLIFT_INPUT_<NAME>, e.g. --input train=s3://bucket/shards")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the exact request (secrets redacted); send nothing")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -61,6 +64,13 @@ def _platform_name(text: str) -> str:
         return text
 
 
+def _input(text: str) -> tuple[str, str]:
+    name, equals, url = text.partition("=")
+    if not equals or not name or not url:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=URL, e.g. --input train=s3://bucket/shards")
+    return name, url
+
+
 SCRIPT_AFTER_DASHES = True
 """``skylift.cli.main`` splits ``-- SCRIPT ARGS`` off before argparse sees it (into
 ``script_command``): argparse would give the optional CONFIG the first word after ``--``
@@ -79,7 +89,7 @@ def _submit(args: argparse.Namespace) -> int:
 
     flags = {"image": args.image, "instance_type": args.instance, "instance_count": args.count,
              "gpus_per_node": args.gpus_per_node, "spot": args.spot, "region": args.region,
-             "max_resubmits": args.max_resubmits}
+             "max_resubmits": args.max_resubmits, "inputs": dict(args.inputs) or None}
     job = _job(args, flags)
     platform = platform_module(args.platform)
     request = platform.build(job)
@@ -132,6 +142,8 @@ def _command(args: argparse.Namespace) -> list[str]:
                         ("--max-resubmits", args.max_resubmits)):
         if value is not None:
             command += [flag, str(value)]
+    for name, url in args.inputs:
+        command += ["--input", f"{name}={url}"]
     for override in args.overrides:
         command += ["--set", _without_secret(override)]
     switches = (("--spot", args.spot), ("--dry-run", args.dry_run), ("--json", args.json), ("--watch", args.watch))

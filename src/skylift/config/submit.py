@@ -208,8 +208,24 @@ class SubmitConfig(_Section):
     """``--watch`` and ``jobs watch``: seconds between status checks."""
 
     envs: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables for the job (values of secret-looking names are
-    redacted in every output)."""
+    """Extra environment variables for the job; every value is redacted in every output.
+    A secret-looking name (``HF_TOKEN``, ``WANDB_API_KEY``) with a literal value is refused
+    where the request would carry it in clear text (SageMaker, PAI-DLC, TI-ONE); on
+    Kubernetes ``secret:NAME/KEY`` reads key ``KEY`` of the Secret ``NAME`` instead."""
+
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """A script job's data (``--input NAME=URL``): the platform mounts ``URL`` and the job
+    reads the folder from ``SKYLIFT_INPUT_<NAME>``. A config job reads ``data.url``."""
+
+    @field_validator("inputs")
+    @classmethod
+    def _input_names(cls, value: dict[str, str]) -> dict[str, str]:
+        # Part of a variable's name, a SageMaker channel name and a folder name.
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,62}", name):
+                raise ValueError(f"input name {name!r} must be a letter, then letters, digits or '_' (at most 63), "
+                                 "e.g. --input train=s3://bucket/prefix")
+        return value
 
     sagemaker: SageMakerOptions = Field(default_factory=SageMakerOptions)
     """AWS SageMaker ``CreateTrainingJob``."""

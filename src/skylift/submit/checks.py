@@ -37,10 +37,13 @@ class Problem:
     fix: tuple[str, ...]
     """Command-line arguments that fix it (``<...>``: a value only the user knows)."""
     drop: tuple[str, ...] = ()
-    """Flags the fix replaces, taken out of the command that would pass (``--region``)."""
+    """What the fix replaces, taken out of the command that would pass: a flag and its value
+    (``--region``), or one ``FLAG KEY=...`` (``--input train``, ``--set submit.envs.HF_TOKEN``)."""
 
     def line(self) -> str:
-        return f"{self.field}: {self.message}; fix: {' '.join(self.fix)}"
+        # No fix on the command line (the message says what to do instead): no empty "fix:".
+        fix = f"; fix: {' '.join(self.fix)}" if self.fix else ""
+        return f"{self.field}: {self.message}{fix}"
 
 
 def require(problems: Sequence[Problem], command: Sequence[str] | None = None) -> None:
@@ -55,7 +58,9 @@ def require(problems: Sequence[Problem], command: Sequence[str] | None = None) -
         # A script job's command ends with `-- SCRIPT ARGS`: the fixes are submit's, before it.
         split = list(command).index("--") if "--" in command else len(command)
         own, script = command[:split], command[split:]
-        kept = _without(own, [flag for problem in problems for flag in problem.drop], _set_keys(fixes))
+        drops = [flag for problem in problems for flag in problem.drop]
+        kept = _without(own, [flag for flag in drops if " " not in flag],
+                        {*_set_keys(fixes), *(flag.replace(" ", "=", 1) for flag in drops if " " in flag)})
         # The user's own values quoted as a shell needs them; the fixes' <placeholders> left bare.
         hint = "With the fixes above, this would pass:\n  " + " ".join(
             [*map(shlex.quote, kept), *fixes, *map(shlex.quote, script)])
@@ -63,13 +68,15 @@ def require(problems: Sequence[Problem], command: Sequence[str] | None = None) -
 
 
 def _set_keys(arguments: Sequence[str]) -> set[str]:
-    return {value.partition("=")[0] for flag, value in itertools.pairwise(arguments) if flag == "--set"}
+    """``--set KEY=...`` and ``--input NAME=...`` of ``arguments`` as ``--set=KEY``, ``--input=NAME``."""
+    return {f"{flag}={value.partition('=')[0]}" for flag, value in itertools.pairwise(arguments)
+            if flag in ("--set", "--input")}
 
 
 def _without(command: Sequence[str], flags: Sequence[str], set_keys: set[str]) -> list[str]:
-    """``command`` less each ``FLAG VALUE`` of ``flags`` and each ``--set KEY=...`` of
-    ``set_keys``: the fixes replace them, and a wrong value left beside its fix would
-    read as part of the command that passes."""
+    """``command`` less each ``FLAG VALUE`` of ``flags`` and each ``FLAG KEY=...`` whose
+    ``FLAG=KEY`` is in ``set_keys``: the fixes replace them, and a wrong value left beside
+    its fix would read as part of the command that passes."""
     kept: list[str] = []
     skip = False
     for index, part in enumerate(command):
@@ -77,7 +84,7 @@ def _without(command: Sequence[str], flags: Sequence[str], set_keys: set[str]) -
             skip = False
             continue
         following = command[index + 1] if index + 1 < len(command) else ""
-        if part in flags or (part == "--set" and following.partition("=")[0] in set_keys):
+        if part in flags or f"{part}={following.partition('=')[0]}" in set_keys:
             skip = True
             continue
         kept.append(part)

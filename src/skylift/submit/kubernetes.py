@@ -18,6 +18,8 @@ The job's ``submit.envs`` travel in a ``Secret`` (``<job>-envs``, created before
 then owned by it so that deleting the job deletes it) that the containers read through
 ``valueFrom.secretKeyRef``: no value sits in the job's manifest, which anyone who may read
 the job (``kubectl get trainjob -o yaml``) sees; the dry run prints the Secret redacted.
+``submit.envs.NAME=secret:SECRET/KEY`` refers to an existing Secret instead, and a script
+job's ``--input`` is a PVC or hostPath volume (:mod:`skylift.submit.kubernetes_inputs`).
 
 Spot scheduling per managed cluster: EKS with Karpenter (``karpenter.sh/capacity-type``),
 GKE (``cloud.google.com/gke-spot``), AKS (``kubernetes.azure.com/scalesetpriority``,
@@ -40,7 +42,7 @@ from skylift.config.distributed import ElasticNodes
 from skylift.config.script_environment import PLATFORM_VARIABLE
 from skylift.config.submit import SubmitConfig
 from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
-from skylift.submit import elastic
+from skylift.submit import elastic, kubernetes_inputs
 from skylift.submit.base import (
     JobRef,
     JobState,
@@ -53,6 +55,7 @@ from skylift.submit.base import (
 )
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.environment import integer, optional_integer
+from skylift.submit.inputs import input_notes
 from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "envs_secret_name", "logs", "problems", "send", "status", "stop"]
@@ -83,7 +86,7 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
             found.append(Problem(f"submit.envs.{name}", "a Kubernetes Secret key holds only letters, digits, "
                                  "'-', '_' and '.': rename the variable",
                                  ("--set", "submit.envs.<NAME>=...")))
-    return found
+    return found + kubernetes_inputs.input_problems(options)
 
 
 def envs_secret_name(job_name: str) -> str:
@@ -96,8 +99,8 @@ def build(job: JobSpec) -> SubmitRequest:
     require([*request_problems(NAME, options, checkpoint_root=job.checkpoint_root, data_urls=job.data_urls),
              *elastic.problems(job)])
     target = f"kube context {options.kubernetes.context or '(current)'}, namespace {options.kubernetes.namespace}"
-    notes = elastic.notes(NAME, job)
-    secrets = [_envs_secret(job)] if job.envs else []
+    notes = [*elastic.notes(NAME, job), *input_notes(kubernetes_inputs.input_mounts(job))]
+    secrets = [_envs_secret(job)] if kubernetes_inputs.literal_envs(job) else []
     if options.kubernetes.api == "pytorchjob":
         return SubmitRequest(NAME, "create PyTorchJob", target, _pytorch_job(job), secrets, notes=notes,
                              secret_envs=job.envs)
@@ -131,10 +134,9 @@ def _scheduling(options: SubmitConfig) -> dict[str, Any]:
 
 
 def _env(job: JobSpec) -> list[dict[str, Any]]:
-    """The container's environment: ``submit.envs`` by reference to their Secret, never by value."""
-    secret = envs_secret_name(job.name)
+    """The container's environment: ``submit.envs`` by reference to a Secret, never by value."""
     env: list[dict[str, Any]] = [] if PLATFORM_VARIABLE in job.envs else [{"name": PLATFORM_VARIABLE, "value": NAME}]
-    return env + [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}} for name in job.envs]
+    return env + kubernetes_inputs.container_env(job, envs_secret_name(job.name))
 
 
 def _envs_secret(job: JobSpec) -> dict[str, Any]:
@@ -144,7 +146,7 @@ def _envs_secret(job: JobSpec) -> dict[str, Any]:
         "metadata": {"name": envs_secret_name(job.name), "namespace": job.options.kubernetes.namespace,
                      "labels": {"app.kubernetes.io/managed-by": "skylift", "skylift.io/job": job.name}},
         "type": "Opaque",
-        "stringData": job.envs,
+        "stringData": kubernetes_inputs.literal_envs(job),
     }
 
 
@@ -221,16 +223,19 @@ def _train_job(job: JobSpec, runtime_name: str) -> dict[str, Any]:
     if options.gpus_per_node:
         trainer["numProcPerNode"] = options.gpus_per_node
         trainer["resourcesPerNode"] = _resources(options)
-    return {
-        "apiVersion": "/".join(TRAINER_API),
-        "kind": "TrainJob",
-        "metadata": {"name": job.name, "namespace": options.kubernetes.namespace},
-        "spec": {
-            "runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_API[0]},
-            "trainer": trainer,
-            "activeDeadlineSeconds": options.max_runtime_s,
-        },
+    spec: dict[str, Any] = {
+        "runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_API[0]},
+        "trainer": trainer,
+        "activeDeadlineSeconds": options.max_runtime_s,
     }
+    pod_volumes, mounts = kubernetes_inputs.volumes(job)
+    if pod_volumes:  # the inputs' volumes: a patch of the runtime's one replicated job, its pod and container
+        pod = {"volumes": pod_volumes, "containers": [{"name": "node", "volumeMounts": mounts}]}
+        replicated = {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
+        spec["runtimePatches"] = [{"manager": "skylift", "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [replicated]}}}}]
+    return {"apiVersion": "/".join(TRAINER_API), "kind": "TrainJob",
+            "metadata": {"name": job.name, "namespace": options.kubernetes.namespace}, "spec": spec}
 
 
 def _pytorch_job(job: JobSpec) -> dict[str, Any]:
@@ -239,7 +244,11 @@ def _pytorch_job(job: JobSpec) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "pytorch", "image": options.image, "command": command, "env": _env(job)}
     if _resources(options):
         container["resources"] = _resources(options)
-    template = {"spec": {**_scheduling(options), "containers": [container]}}
+    pod_volumes, container["volumeMounts"] = kubernetes_inputs.volumes(job)
+    if not pod_volumes:
+        del container["volumeMounts"]
+    template = {"spec": {**_scheduling(options), "containers": [container],
+                         **({"volumes": pod_volumes} if pod_volumes else {})}}
 
     def replicas(count: int) -> dict[str, Any]:
         # ExitCode: 1-127 permanent, 128-255 (our 143 after SIGTERM) retried.

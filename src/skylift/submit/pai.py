@@ -37,6 +37,7 @@ from skylift.submit.base import (
 )
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.environment import has_node_level, node_level
+from skylift.submit.inputs import Mount, input_notes, input_problems, input_variable, secret_env_problems
 from skylift.submit.spec import JobSpec
 
 __all__ = [
@@ -54,6 +55,10 @@ __all__ = [
 CHECKPOINT_MOUNT = "/mnt/skylift/checkpoints"
 NAME = "pai"
 DATA_MOUNT = "/mnt/skylift/data"
+INPUT_MOUNT = "/mnt/skylift/inputs"
+"""A script job's ``--input NAME=oss://...`` is mounted read-only at ``<this>/NAME`` (``DataSources``)."""
+SECRET_FIX = ("PAI-DLC's Envs has no secret reference: drop it and read the secret inside the job, e.g. from "
+              "Alibaba Cloud KMS Secrets Manager with the job's RAM role (CreateJob CredentialConfig)")
 DEFAULT_SPOT_DISCOUNT_LIMIT = 0.9
 RECLAIM_GRACE_S = 300
 """ECS releases a reclaimed spot instance about five minutes after the notice."""
@@ -82,6 +87,8 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
     if not options.region:
         found.append(Problem("--region (submit.region)", "PAI-DLC needs the region the job runs in, e.g. "
                              "cn-hangzhou", ("--region", "<region>")))
+    found += input_problems(options.inputs, OBJECT_STORES, "PAI-DLC", "an OSS DataSources mount")
+    found += secret_env_problems(options.envs, "PAI-DLC", SECRET_FIX)
     return found
 
 
@@ -96,6 +103,8 @@ def build(job: JobSpec) -> SubmitRequest:
         if url is not None:
             sources.append({"Uri": url.rstrip("/") + "/", "MountPath": f"{DATA_MOUNT}/{channel}", "MountAccess": "RO"})
             overrides[field_name] = f"{DATA_MOUNT}/{channel}"
+    mounts = [Mount(name, url, f"{INPUT_MOUNT}/{name}") for name, url in job.inputs.items()]
+    sources += [{"Uri": mount.url.rstrip("/") + "/", "MountPath": mount.path, "MountAccess": "RO"} for mount in mounts]
     spec: dict[str, Any] = {
         "Type": "Worker",
         "Image": options.image,
@@ -111,7 +120,7 @@ def build(job: JobSpec) -> SubmitRequest:
         "JobSpecs": [spec],
         "UserCommand": job.shell_command(overrides),
         "DataSources": sources,
-        "Envs": {PLATFORM_VARIABLE: NAME, **job.envs},
+        "Envs": {PLATFORM_VARIABLE: NAME, **{input_variable(mount.name): mount.path for mount in mounts}, **job.envs},
         "JobMaxRunningTimeMinutes": math.ceil(options.max_runtime_s / 60),
         "Settings": {"TerminationGracePeriodSeconds": RECLAIM_GRACE_S},
     }
@@ -120,7 +129,7 @@ def build(job: JobSpec) -> SubmitRequest:
     if options.pai.resource_id:
         body["ResourceId"] = options.pai.resource_id
     target = options.pai.endpoint or f"pai-dlc {options.region or '(region?)'}"
-    return SubmitRequest("pai", "CreateJob", target, body, notes=elastic.notes("pai", job),
+    return SubmitRequest("pai", "CreateJob", target, body, notes=[*elastic.notes("pai", job), *input_notes(mounts)],
                          secret_envs=job.envs)
 
 

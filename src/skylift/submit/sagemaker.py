@@ -34,6 +34,7 @@ from skylift.submit.base import (
 )
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.environment import optional_integer
+from skylift.submit.inputs import Mount, input_notes, input_problems, input_variable, secret_env_problems
 from skylift.submit.spec import SHUTDOWN_MARGIN_S, JobSpec, parse_store_url
 
 __all__ = [
@@ -65,6 +66,11 @@ a custom image gets no ``SM_*`` variables."""
 MASTER_PORT = 7777
 """The port the SageMaker training toolkit uses when ``MASTER_PORT`` is unset."""
 _CHANNEL_ROOT = "/opt/ml/input/data"
+"""Where SageMaker puts each input channel: ``<root>/<ChannelName>`` (the documented container contract)."""
+_MAX_CHANNELS = 20  # InputDataConfig holds 1-20 channels (the service model)
+SECRET_FIX = ("SageMaker's Environment has no secret reference: drop it, give the job's IAM role "
+              "(submit.sagemaker.role_arn) the access instead, or read the secret inside the job from AWS Secrets "
+              "Manager with that role (boto3.client('secretsmanager').get_secret_value)")
 _LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 _CREDENTIALS_HINT = (
     "Set AWS credentials the AWS way: `aws configure` (or AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
@@ -90,6 +96,11 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
     if not options.instance_type:
         found.append(Problem("--instance (submit.instance_type)", "SageMaker needs an instance type, e.g. "
                              "ml.p4d.24xlarge", ("--instance", "<instance-type>")))
+    found += input_problems(options.inputs, OBJECT_STORES, "SageMaker", "an S3 input channel")
+    if len(options.inputs) > _MAX_CHANNELS - 2:  # train and validation of a config job take two
+        found.append(Problem("--input", f"SageMaker takes at most {_MAX_CHANNELS - 2} inputs (20 input channels, "
+                             "2 kept for a config job's data); one prefix holding several folders is one input", ()))
+    found += secret_env_problems(options.envs, "SageMaker", SECRET_FIX)
     return found
 
 
@@ -122,7 +133,7 @@ def build(job: JobSpec) -> SubmitRequest:
         "OutputDataConfig": {"S3OutputPath": options.sagemaker.output_path or f"s3://{bucket}/skylift-output/"},
         "StoppingCondition": _stopping_condition(job),
         "EnableManagedSpotTraining": options.spot,
-        "Environment": {PLATFORM_VARIABLE: NAME, **job.envs},
+        "Environment": {PLATFORM_VARIABLE: NAME, **_input_variables(job), **job.envs},
         "RetryStrategy": {"MaximumRetryAttempts": options.sagemaker.retry_attempts},
         "Tags": [{"Key": "skylift:attempt", "Value": str(job.attempt)}],
     }
@@ -131,8 +142,8 @@ def build(job: JobSpec) -> SubmitRequest:
     if channels:
         body["InputDataConfig"] = channels
     target = options.sagemaker.endpoint_url or f"sagemaker {options.region or '(default region)'}"
-    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body, notes=elastic.notes("sagemaker", job),
-                         secret_envs=job.envs)
+    notes = [*elastic.notes("sagemaker", job), *input_notes(_mounts(job))]
+    return SubmitRequest("sagemaker", "CreateTrainingJob", target, body, notes=notes, secret_envs=job.envs)
 
 
 def _checkpointing(job: JobSpec, checkpoint_uri: str) -> tuple[dict[str, str] | None, dict[str, str]]:
@@ -172,7 +183,26 @@ def _channels(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
             "InputMode": "FastFile",
         })
         overrides[field_name] = f"{_CHANNEL_ROOT}/{channel}"
+    for mount in _mounts(job):  # a script job's --input: one channel each, read lazily as the data
+        channels.append({
+            "ChannelName": mount.name,
+            "DataSource": {"S3DataSource": {
+                "S3DataType": "S3Prefix", "S3Uri": mount.url, "S3DataDistributionType": "FullyReplicated",
+            }},
+            "InputMode": "FastFile",
+        })
     return channels, overrides
+
+
+def _mounts(job: JobSpec) -> list[Mount]:
+    return [Mount(name, url, f"{_CHANNEL_ROOT}/{name}") for name, url in job.inputs.items()]
+
+
+def _input_variables(job: JobSpec) -> dict[str, str]:
+    """``SKYLIFT_INPUT_<NAME>`` and ``SM_CHANNEL_<NAME>`` per input: the training toolkit sets
+    the second inside SageMaker's framework images only, so a custom image gets both here."""
+    return {variable: mount.path for mount in _mounts(job)
+            for variable in (input_variable(mount.name), f"SM_CHANNEL_{mount.name.upper()}")}
 
 
 def client(region: str | None, endpoint_url: str | None = None) -> Any:

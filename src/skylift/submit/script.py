@@ -102,6 +102,8 @@ def _refuse_secrets(in_image: tuple[str, ...]) -> None:
         raise SkyliftConfigError(
             [f"script {what}: looks like a credential, which the request would carry in clear text"
              for what in [*flagged, *pasted]],
-            hint="Pass it as an environment variable, redacted in every output: --set submit.envs.HF_TOKEN=... "
-                 "and read it in the script (os.environ['HF_TOKEN'])",
+            hint="Pass it as an environment variable the script reads (os.environ['HF_TOKEN']): on Kubernetes "
+                 "--set submit.envs.HF_TOKEN=secret:NAME/KEY (a Secret's key), on SkyPilot --set "
+                 "submit.envs.HF_TOKEN=... (its secrets:); SageMaker, PAI-DLC and TI-ONE carry no secret in a "
+                 "request: read it in the job from the cloud's secrets manager",
         )

@@ -32,6 +32,7 @@ from skylift.submit import elastic
 from skylift.submit.base import JobRef, JobState, JobStatus, Platform, PlatformError, PlatformTopology, SubmitRequest
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.environment import integer, optional_integer
+from skylift.submit.inputs import Mount, input_notes, input_problems, input_variable, secret_env_problems
 from skylift.submit.spec import JobSpec
 
 __all__ = ["build", "logs", "problems", "send", "status", "stop", "task_yaml"]
@@ -48,6 +49,10 @@ _STATES: dict[str, JobState] = {
 # The variable names SkyPilot's task schema accepts under ``envs:``; its ``secrets:`` checks
 # none, and a name outside this would break the shell that sets it on each node.
 _VARIABLE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+INPUT_MOUNT = "/mnt/skylift/inputs"
+"""A script job's ``--input NAME=URL`` is a ``file_mounts`` bucket mounted at ``<this>/NAME``."""
+INPUT_STORES = ("s3", "gs", "r2")
+"""Bucket URLs SkyPilot's ``file_mounts`` mount (S3, GCS, Cloudflare R2)."""
 
 
 def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem]:
@@ -61,6 +66,10 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
             found.append(Problem(f"submit.envs.{name}", "a SkyPilot environment variable's name is letters, "
                                  "digits and '_', not starting with a digit: rename the variable",
                                  ("--set", "submit.envs.<NAME>=...")))
+    found += input_problems(options.inputs, INPUT_STORES, "SkyPilot", "a file_mounts bucket mount")
+    # A literal goes in the task's secrets: (SkyPilot stores and shows it redacted); no Secret to refer to.
+    found += secret_env_problems(options.envs, "SkyPilot", "give the value itself: it goes in the task's "
+                                 "secrets:, which SkyPilot keeps redacted", literal_secrets_allowed=True)
     return found
 
 
@@ -85,11 +94,18 @@ def build(job: JobSpec) -> SubmitRequest:
         resources["infra"] = options.skypilot.infra
     if options.skypilot.disk_size_gib:
         resources["disk_size"] = options.skypilot.disk_size_gib
+    mounts = [Mount(name, url, f"{INPUT_MOUNT}/{name}") for name, url in job.inputs.items()]
+    envs = {} if PLATFORM_VARIABLE in job.envs else {PLATFORM_VARIABLE: NAME}
+    envs.update({input_variable(mount.name): mount.path for mount in mounts
+                 if input_variable(mount.name) not in job.envs})
     task = {
         "name": job.name,
         "num_nodes": options.instance_count,
         "resources": resources,
-        "envs": {} if PLATFORM_VARIABLE in job.envs else {PLATFORM_VARIABLE: NAME},
+        # MOUNT, not the default COPY: a dataset is read as it streams, not copied to every node first.
+        **({"file_mounts": {mount.path: {"source": mount.url, "mode": "MOUNT"} for mount in mounts}}
+           if mounts else {}),
+        "envs": envs,
         # Every submit.envs value is secret, whatever its name.
         **({"secrets": job.envs} if job.envs else {}),
         # The image holds everything; setup only proves it can start skylift.
@@ -97,7 +113,7 @@ def build(job: JobSpec) -> SubmitRequest:
         "run": job.shell_command(),
     }
     return SubmitRequest(NAME, "sky jobs launch", "SkyPilot API server (sky jobs)", task,
-                         notes=elastic.notes(NAME, job), secret_envs=job.envs)
+                         notes=[*elastic.notes(NAME, job), *input_notes(mounts)], secret_envs=job.envs)
 
 
 def _is_accelerator(name: str) -> bool:

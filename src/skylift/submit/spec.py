@@ -72,6 +72,11 @@ class JobSpec:
         return dict(self.options.envs)
 
     @property
+    def inputs(self) -> dict[str, str]:
+        """A script job's ``--input NAME=URL``."""
+        return dict(self.options.inputs)
+
+    @property
     def data_urls(self) -> dict[str, str | None]:
         """The data the job reads, by the config field that names it."""
         return {"data.url": self.data_url, "data.val_url": self.val_url}
@@ -146,6 +151,8 @@ def parse_submit(raw: dict[str, Any], source: str) -> SubmitConfig:
 def with_flags(options: SubmitConfig, **flags: Any) -> SubmitConfig:
     """``options`` with each flag that was given (not ``None``) replacing its field, validated."""
     given = {name: value for name, value in flags.items() if value is not None}
+    if "inputs" in given:  # --input adds to (or replaces one of) the config's submit.inputs
+        given["inputs"] = {**options.inputs, **given["inputs"]}
     return parse_submit({**options.model_dump(exclude_unset=True), **given}, source="the command line")
 
 
@@ -167,6 +174,11 @@ def job_from_inputs(config_path: str, overrides: list[str] | tuple[str, ...], fl
     would pass."""
     config, options = load_run_and_submit(config_path, list(overrides))
     options = with_flags(options, **flags)
+    if options.inputs:
+        raise SkyliftConfigError(f"--input {next(iter(options.inputs))}: a config job reads its data from data.url "
+                                 "and data.val_url, which submit mounts; --input is for a script job",
+                                 hint="--set data.url=URL (and data.val_url=URL), or submit a script: "
+                                 "skylift submit --platform P --input NAME=URL -- python train.py")
     if platform is not None:
         require(request_problems(platform, options, checkpoint_enabled=config.checkpoint.enabled,
                                  checkpoint_root=config.checkpoint.root, data_urls=_data_urls(config)), command)

@@ -43,11 +43,16 @@ from skylift.submit.base import (
 )
 from skylift.submit.checks import Problem, request_problems, require
 from skylift.submit.environment import has_node_level, node_level
+from skylift.submit.inputs import Mount, input_notes, input_problems, input_variable, secret_env_problems
 from skylift.submit.spec import JobSpec, parse_store_url
 
 __all__ = ["OBJECT_STORES", "build", "logs", "problems", "send", "status", "stop"]
 
 _DATA_ROOT = "/opt/ml/input/data"
+_MAX_DATA_CONFIGS = 10  # CreateTrainingTask's DataConfigs holds at most 10
+SECRET_FIX = ("TI-ONE's Envs has no secret reference (IsPrivate only hides a value that the request still "
+              "carries): drop it and read the secret inside the task, e.g. from Tencent Cloud SSM (Secrets "
+              "Manager) with keys the image supplies as for submit.tione.cos_keys_from")
 _RECLAIM_WORDS = re.compile(r"spot|reclaim|preempt|竞价|回收", re.IGNORECASE)
 _STATES: dict[str, JobState] = {
     "SUBMITTING": "pending", "STARTING": "pending", "RUNNING": "running", "STOPPING": "running",
@@ -84,6 +89,11 @@ def problems(options: SubmitConfig, checkpoint_root: str | None) -> list[Problem
                              "image a source (an AWS config whose credential_process prints temporary keys, or "
                              "AWS_CONFIG_FILE in submit.envs naming a file on a mounted volume), then say so",
                              ("--set", "submit.tione.cos_keys_from=image")))
+    found += input_problems(options.inputs, OBJECT_STORES, "TI-ONE", "a COS DataConfigs mapping")
+    if len(options.inputs) > _MAX_DATA_CONFIGS:
+        found.append(Problem("--input", f"TI-ONE takes at most {_MAX_DATA_CONFIGS} data configs; give fewer inputs "
+                             "(one prefix holding several folders is one input)", ()))
+    found += secret_env_problems(options.envs, "TI-ONE", SECRET_FIX)
     return found
 
 
@@ -94,7 +104,7 @@ def build(job: JobSpec) -> SubmitRequest:
     checkpoint_uri = job.checkpoint_root
     data_configs, overrides = _data_configs(job)
     envs = {PLATFORM_VARIABLE: NAME, "SKYLIFT_COS_ENDPOINT_URL": f"https://cos.{options.region}.myqcloud.com",
-            **job.envs}
+            **{input_variable(mount.name): mount.path for mount in _mounts(job)}, **job.envs}
     _, bucket, key = parse_store_url(checkpoint_uri)
     body: dict[str, Any] = {
         "Name": job.name,
@@ -119,8 +129,8 @@ def build(job: JobSpec) -> SubmitRequest:
     if options.tione.resource_group_id:
         body["ResourceGroupId"] = options.tione.resource_group_id
     target = options.tione.endpoint or f"tione.tencentcloudapi.com {options.region}"
-    return SubmitRequest("tione", "CreateTrainingTask", target, body, notes=elastic.notes("tione", job),
-                         secret_envs=job.envs)
+    return SubmitRequest("tione", "CreateTrainingTask", target, body,
+                         notes=[*elastic.notes("tione", job), *input_notes(_mounts(job))], secret_envs=job.envs)
 
 
 def _data_configs(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -135,7 +145,15 @@ def _data_configs(job: JobSpec) -> tuple[list[dict[str, Any]], dict[str, str]]:
             "COSSource": {"Bucket": bucket, "Region": job.options.region, "Paths": [key + "/"]},
         })
         overrides[field_name] = f"{_DATA_ROOT}/{channel}"
+    for mount in _mounts(job):  # a script job's --input, mapped by TI-ONE's service role as the data is
+        _, bucket, key = parse_store_url(mount.url)
+        configs.append({"MappingPath": mount.path, "DataSourceType": "COS",
+                        "COSSource": {"Bucket": bucket, "Region": job.options.region, "Paths": [key + "/"]}})
     return configs, overrides
+
+
+def _mounts(job: JobSpec) -> list[Mount]:
+    return [Mount(name, url, f"{_DATA_ROOT}/{name}") for name, url in job.inputs.items()]
 
 
 def client(region: str | None, endpoint: str | None = None) -> Any:

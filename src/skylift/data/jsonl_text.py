@@ -52,6 +52,7 @@ __all__ = [
     "causal_collate",
     "encode_conversations",
     "encode_documents",
+    "read_document_row",
     "read_jsonl_documents",
 ]
 
@@ -114,6 +115,16 @@ def _document(line: str, where: str) -> Row:
         row = json.loads(line)
     except json.JSONDecodeError as error:
         raise SkyliftConfigError(f"{where}: not JSON ({error.msg})") from None
+    return read_document_row(row, where)
+
+
+def read_document_row(row: Any, where: str) -> Row:
+    """One document, checked: an object with ``text``, or ``prompt`` and ``completion``
+    (strings), or ``messages`` (a chat), as a JSONL line or a table's row holds it.
+
+    Raises:
+        SkyliftConfigError: naming ``where`` (the file and row) and what the row holds.
+    """
     keys = set(row) if isinstance(row, dict) else set()
     wanted: tuple[str, ...]
     if "messages" in keys:

@@ -19,6 +19,7 @@ Torch-free: the recipe's settings ask :func:`is_table_source` when a config is c
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import io
 import json
 from dataclasses import dataclass
@@ -71,10 +72,15 @@ class TableSource:
     """
 
     def __init__(self, path: str, field: str, *, endpoint_url: str | None = None) -> None:
+        if importlib.util.find_spec("pyarrow") is None:
+            raise SkyliftConfigError(f"{field}: {path} is read with pyarrow, which is not installed",
+                                     hint="pip install -c requirements/constraints.txt -e '.[text]'")  # fmt: skip
         self.path, self.field = path, field
         root, pattern = _split(path)
         self.store: Store = open_store(root, endpoint_url=endpoint_url)
-        self._files: dict[str, Any] = {}
+        self._footers: dict[str, Any] = {}
+        """Each Parquet file's metadata (pyarrow's ``FileMetaData``), read once."""
+        self._sizes: dict[str, int] = {}
         self.format, keys = self._find(pattern)
         self.units: list[TableUnit] = []
         self.columns: tuple[str, ...] = ()
@@ -99,7 +105,7 @@ class TableSource:
 
     def describe(self) -> str:
         files = len({unit.key for unit in self.units})
-        return (f"{self.store.describe()} ({self.format}: {self.num_rows} rows in {len(self.units)} units of "
+        return (f"{self.path} ({self.format}: {self.num_rows} rows in {len(self.units)} units of "
                 f"{files} files, columns {list(self.columns)})")
 
     def read_unit(self, unit: TableUnit) -> list[Any]:
@@ -114,10 +120,6 @@ class TableSource:
         rows = table.select(list(self.columns)).to_pylist()
         return [read_document_row(row, f"{self.field}: {self.store.describe(unit.key)} row {first + number}")
                 for number, row in enumerate(rows)]  # fmt: skip
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Open files stay in the process that opened them; a DataLoader worker opens its own.
-        return {**self.__dict__, "_files": {}}
 
     def _find(self, pattern: str | None) -> tuple[str, list[str]]:
         if pattern is not None and "*" not in pattern:  # one file
@@ -161,11 +163,14 @@ class TableSource:
         return metadata.schema.to_arrow_schema().names, units  # fmt: skip
 
     def _parquet(self, key: str) -> Any:
+        """A reader of ``key`` of its own (the prefetch threads read several row groups at
+        once, and a file object has one position), from the footer read when it was opened."""
         import pyarrow.parquet as pq
 
-        if key not in self._files:
-            self._files[key] = pq.ParquetFile(_StoreFile(self.store, key))
-        return self._files[key]
+        file = _StoreFile(self.store, key, self._sizes.get(key))
+        reader = pq.ParquetFile(file, metadata=self._footers.get(key))
+        self._footers[key], self._sizes[key] = reader.metadata, file.length
+        return reader
 
     def _arrow_table(self, key: str, columns: tuple[str, ...] | None = ()) -> Any:
         import pyarrow as pa
@@ -201,9 +206,9 @@ class _StoreFile(io.RawIOBase):
     """A read-only, seekable file over one object of a store: pyarrow's Parquet reader
     asks for the footer and then for the column chunks it reads, each a range read."""
 
-    def __init__(self, store: Store, key: str) -> None:
+    def __init__(self, store: Store, key: str, length: int | None = None) -> None:
         self.store, self.key = store, key
-        self.length = store.size(key)
+        self.length = store.size(key) if length is None else length
         self.position = 0
 
     def readable(self) -> bool:

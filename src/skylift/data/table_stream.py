@@ -15,6 +15,7 @@ downloaded before it is needed.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -73,10 +74,10 @@ class _UnitReader(_ShardReader):
     """The tar reader's window and prefetch plan, over row groups: a unit's rows are
     fetched (range reads of its column chunks) and held while its shuffle block is read."""
 
-    def __init__(self, dataset: TableStream, batches: list[list[int]]) -> None:  # noqa: D107
-        self.dataset = dataset  # type: ignore[assignment]
+    def __init__(self, dataset: TableStream, batches: list[list[int]]) -> None:
+        self.dataset = dataset
         self._rows: OrderedDict[int, list[Any]] = OrderedDict()
-        self._parsed = self._rows  # type: ignore[assignment]  # _ShardReader._schedule skips what is held
+        self._parsed = self._rows  # type: ignore[assignment]  # what _ShardReader's helpers see as held
         self._upcoming = self._shard_sequence(dataset, batches)
         self._first_need = {unit: index for index, unit in reversed(list(enumerate(self._upcoming)))}
         self._position = 0
@@ -122,7 +123,7 @@ class TableEval(IterableDataset):
         self.mine = self.units[rank::world_size]
 
     def __len__(self) -> int:
-        return -(-sum(unit.num_rows for unit in self.mine) // self.batch_size)
+        return math.ceil(sum(unit.num_rows for unit in self.mine) / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         pending: list[Any] = []

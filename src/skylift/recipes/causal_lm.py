@@ -1,4 +1,6 @@
-"""Causal language-model fine-tuning: a Hugging Face ``AutoModelForCausalLM`` on JSONL documents.
+"""Causal language-model fine-tuning: a Hugging Face ``AutoModelForCausalLM`` on JSONL
+documents, or on a table source's rows (Parquet files, a Hugging Face dataset; local or in
+an object store) streamed a row group at a time (:mod:`skylift.data.table_stream`).
 
 The model and tokenizer come from a local folder (``recipe.model_path``), offline,
 weights in fp32 (mixed precision computes in bf16 from fp32 master weights), or from
@@ -176,8 +178,9 @@ class CausalLM(Recipe):
                             shuffle_block_shards=data.shuffle_block_shards)  # fmt: skip
         log.info("causal_lm: training on %s, %d rows in %d units read on demand (up to %d tokens a sequence); "
                  "validation: %s", source.describe(), train.index.num_samples, len(train_units),
-                 settings.sequence_length, f"{len(val)} batches" if isinstance(val, TableEval) else
-                 f"{len(val)} sequences")  # fmt: skip
+                 settings.sequence_length,
+                 f"{sum(unit.num_rows for unit in val.units)} rows in {len(val.units)} units"
+                 if isinstance(val, TableEval) else f"{len(val)} sequences")  # fmt: skip
         return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
 
     def _hold_out_units(self, units: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -83,7 +83,8 @@ class DpoSettings(Section):
 
 
 class CausalLMSettings(RecipeSettings):
-    """``recipe`` of ``causal_lm``: a Hugging Face causal language model fine-tuned on JSONL documents."""
+    """``recipe`` of ``causal_lm``: a Hugging Face causal language model fine-tuned on JSONL
+    documents, or on Parquet and Hugging Face datasets read where they live."""
 
     model_path: str = Field(min_length=1)
     """The model and tokenizer: a local Hugging Face folder that ``save_pretrained`` wrote
@@ -141,7 +142,8 @@ class CausalLMSettings(RecipeSettings):
             self.lora.check_device(device_type)
 
     def check_run(self, config: Any) -> None:
-        """JSONL files, not streamed shards; token-budget batching of unpacked documents that
+        """JSONL files or table sources, not streamed shards; a table source unpacked, in fixed
+        batches, for SFT; token-budget batching of unpacked documents that
         fit it; adapters on one process or DDP."""
         data = config.data
         if self.objective == "dpo":

@@ -142,8 +142,10 @@ def test_a_dataset_saved_with_save_to_disk_is_read_from_its_folder(tmp_path):
     assert source.format == "save_to_disk" and source.columns == ("prompt", "completion")
     assert [unit.num_rows for unit in source.units] == [10, 10, 10]
     evaluation = TableEval(source, source.units, decode=lambda row: row["completion"], collate=list, batch_size=7)
-    evaluation.place(1, 2)  # rank 1 of 2: the second Arrow file
-    assert sum(evaluation, []) == [f" {index + 1}" for index in range(10, 20)] and len(evaluation) == 2
+    evaluation.place(1, 2)  # rank 1 of 2: rows 15 to 29, in the second and third Arrow files
+    assert sum(evaluation, []) == [f" {index + 1}" for index in range(15, 30)] and len(evaluation) == 3
+    evaluation.place(0, 2)
+    assert sum(evaluation, []) == [f" {index + 1}" for index in range(15)]
 
 
 def test_a_missing_column_names_the_columns_present_and_the_fix(tmp_path):

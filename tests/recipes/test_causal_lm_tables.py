@@ -114,3 +114,27 @@ def test_settings_a_table_source_cannot_run_with_are_named(tmp_path, overrides, 
                                   *overrides])  # fmt: skip
     with pytest.raises(SkyliftConfigError, match=message):
         check_recipe_settings(config)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_two_process_run_killed_mid_epoch_resumes_on_one(cli, cli_here, s3_chats, tmp_path):
+    url, endpoint = s3_chats
+    overrides = (f"checkpoint.every_steps={STEPS_PER_EPOCH + 2}",)
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    with state_kept():
+        uninterrupted = cli_here(*_arguments(reference, url, endpoint, *overrides), env=ONE_THREAD)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    killed = cli(*_arguments(run_dir, url, endpoint, *overrides), "--nproc", "2",
+                 env={**ONE_THREAD, "SKYLIFT_FAULT_INJECTION": f"step_end:step={STEPS_PER_EPOCH + 4}"})
+    assert killed.returncode != 0 and not (run_dir / "summary.json").exists(), killed.stderr[-2000:]
+    with state_kept():
+        resumed = cli_here(*_arguments(run_dir, url, endpoint, *overrides), env=ONE_THREAD)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == STEPS_PER_EPOCH + 2
+    assert summary(run_dir)["samples_seen"] == summary(reference)["samples_seen"] == 2 * STEPS_PER_EPOCH * GLOBAL_BATCH
+    # The same rows in the same steps: the losses agree with the one-process run's up to the
+    # rounding of two ranks' gradients averaged instead of one batch's.
+    got, want = losses_by_step(run_dir), losses_by_step(reference)
+    assert got.keys() == want.keys()
+    assert all(got[step] == pytest.approx(want[step], rel=1e-4) for step in want), (got, want)

@@ -10,7 +10,7 @@ batch. Row groups are fetched as the order first needs them, ``prefetch_shards``
 by a background thread, and held in memory for the current shuffle block; nothing is
 downloaded before it is needed.
 
-:class:`TableEval` scores every row once: rank ``r`` of ``W`` reads units ``r, r + W, ...``.
+:class:`TableEval` scores every row once, each rank a contiguous range of rows.
 """
 
 from __future__ import annotations
@@ -110,25 +110,35 @@ class _UnitReader(_ShardReader):
 
 
 class TableEval(IterableDataset):
-    """Every row of ``units`` once, in batches of ``batch_size``, this rank's units only
-    (after :meth:`place`); ranks may get different numbers of batches."""
+    """Every row of ``units`` once, in batches of ``batch_size``: after :meth:`place`, rank
+    ``r`` of ``W`` reads the ``r``-th of ``W`` contiguous row ranges of equal size (the last
+    shorter), fetching only the units that hold them (as
+    :class:`~skylift.data.sampler.ShardedEvalSampler` cuts an in-memory set), so every rank
+    has rows to score whenever there are as many rows as ranks."""
 
     def __init__(self, source: TableSource, units: list[TableUnit], *, decode: Decode,
                  collate: Callable[[list[Any]], Any], batch_size: int) -> None:  # fmt: skip
         self.source, self.units, self.decode, self.collate = source, units, decode, collate
         self.batch_size = batch_size
-        self.mine = units
+        self.num_rows = sum(unit.num_rows for unit in units)
+        self.first, self.stop = 0, self.num_rows
 
     def place(self, rank: int, world_size: int) -> None:
-        self.mine = self.units[rank::world_size]
+        per_rank = math.ceil(self.num_rows / world_size)
+        self.first, self.stop = min(rank * per_rank, self.num_rows), min((rank + 1) * per_rank, self.num_rows)
 
     def __len__(self) -> int:
-        return math.ceil(sum(unit.num_rows for unit in self.mine) / self.batch_size)
+        return math.ceil((self.stop - self.first) / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         pending: list[Any] = []
-        for unit in self.mine:
-            for row in self.source.read_unit(unit):
+        offset = 0  # the first row of the unit at hand
+        for unit in self.units:
+            begin, end = max(self.first - offset, 0), min(self.stop - offset, unit.num_rows)
+            offset += unit.num_rows
+            if begin >= end:
+                continue
+            for row in self.source.read_unit(unit)[begin:end]:
                 pending.append(self.decode(row))
                 if len(pending) == self.batch_size:
                     yield self.collate(pending)

@@ -113,6 +113,8 @@ class FaultyProxy(LoopbackHTTP):
         self.dropping_every = False
         self.requests_seen = 0
         self.faults_injected = 0
+        self.answered: list[tuple[str, str, int]] = []
+        """(method, path, body bytes) of each request relayed, in order."""
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -144,11 +146,14 @@ class FaultyProxy(LoopbackHTTP):
                 upstream.request(self.command, self.path, body=body, headers=dict(self.headers))
                 response = upstream.getresponse()
                 data = response.read()
+                proxy.answered.append((self.command, self.path, len(data)))
                 self.send_response(response.status)
                 for name, value in response.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # A HEAD's answer has no body: its length is the object's, as upstream gave it.
+                length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if fault and fault[0] == "truncate" and len(data) > 1:
                     proxy.faults_injected += 1

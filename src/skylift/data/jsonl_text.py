@@ -67,6 +67,7 @@ __all__ = [
     "encode_conversations",
     "encode_documents",
     "packed_collate",
+    "read_document_row",
     "read_jsonl_documents",
 ]
 
@@ -129,6 +130,16 @@ def _document(line: str, where: str) -> Row:
         row = json.loads(line)
     except json.JSONDecodeError as error:
         raise SkyliftConfigError(f"{where}: not JSON ({error.msg})") from None
+    return read_document_row(row, where)
+
+
+def read_document_row(row: Any, where: str) -> Row:
+    """One document, checked: an object with ``text``, or ``prompt`` and ``completion``
+    (strings), or ``messages`` (a chat), as a JSONL line or a table's row holds it.
+
+    Raises:
+        SkyliftConfigError: naming ``where`` (the file and row) and what the row holds.
+    """
     keys = set(row) if isinstance(row, dict) else set()
     wanted: tuple[str, ...]
     if "messages" in keys:

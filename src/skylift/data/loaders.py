@@ -35,6 +35,8 @@ def build_loaders(config: RunConfig, recipe: Any, context: DistributedContext, *
     if config.data.url:
         return _streamed(config, recipe, context, pin_memory)
     data = data if data is not None else recipe.build_datasets()
+    if isinstance(data.train, IterableDataset):  # streamed by the recipe itself (a table source's rows)
+        return _recipe_streamed(config, data, context, pin_memory)
     order = _training_order(config, data, context)
     train = _loader(data.train, config, pin_memory, batch_sampler=order, collate_fn=_collate(recipe, True))
     val = None
@@ -139,6 +141,23 @@ def _streamed(config: RunConfig, recipe: Any, context: DistributedContext, pin_m
     return Loaders(split, train, _loader(train, config, pin_memory, batch_size=None), val)
 
 
+def _recipe_streamed(config: RunConfig, data: DatasetSplit, context: DistributedContext,
+                     pin_memory: bool) -> Loaders:
+    """Loaders of a recipe's streams, placed on this rank: the training stream is its own
+    order (``set_epoch``, ``steps_per_epoch``), the evaluation stream reads in this process."""
+    train: Any = data.train
+    train.place(context.rank, context.world_size)
+    val = None
+    if isinstance(data.val, IterableDataset):
+        cast(Any, data.val).place(context.rank, context.world_size)
+        val = _loader(data.val, config, pin_memory, batch_size=None, workers=0)
+    elif data.val is not None:  # validation documents in memory (a JSONL file)
+        shards = ShardedEvalSampler(len(cast(Sized, data.val)), config.data.eval_batch_size, rank=context.rank,
+                                    world_size=context.world_size)
+        val = _loader(data.val, config, pin_memory, batch_sampler=shards, collate_fn=train.collate)
+    return Loaders(data, train, _loader(train, config, pin_memory, batch_size=None, streamed=True), val)
+
+
 def _collate(recipe: Any, train: bool) -> Any:
     """The recipe's collate function for the training or evaluation loader; ``None``:
     PyTorch's default (also for a recipe object without the method)."""
@@ -146,8 +165,8 @@ def _collate(recipe: Any, train: bool) -> Any:
     return collate(train) if collate is not None else None
 
 
-def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | None = None,
-            **batching: Any) -> DataLoader:
+def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | None = None, *,
+            streamed: bool = False, **batching: Any) -> DataLoader:
     num_workers = config.data.num_workers if workers is None else workers
     if not isinstance(num_workers, int):  # the Trainer measures `auto` before it builds loaders
         raise ValueError("data.num_workers: auto is resolved to a count before the loaders are built")
@@ -157,7 +176,7 @@ def _loader(dataset: Any, config: RunConfig, pin_memory: bool, workers: int | No
         pin_memory=pin_memory,
         # A streamed dataset's epoch is set in the main process before each iteration;
         # persistent workers would keep the previous epoch's copy.
-        persistent_workers=num_workers > 0 and not config.data.url,
+        persistent_workers=num_workers > 0 and not (config.data.url or streamed),
         # Each new iterator draws a worker seed from this generator. From the global one,
         # the draw would shift the model's dropout stream whenever a resume starts an
         # iterator mid-epoch that the uninterrupted run started at the epoch's start.

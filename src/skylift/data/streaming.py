@@ -69,13 +69,9 @@ class StreamingDataset(IterableDataset):
         store: Store | None = None,
     ) -> None:
         self.store = store or open_store(url, endpoint_url=endpoint_url)
-        self.index: ShardIndex = read_index(self.store)
-        per_step = world_size * accumulation_steps
-        if global_batch_size % per_step:
-            raise ValueError(
-                f"data.global_batch_size ({global_batch_size}) must divide by world_size x accumulation.steps "
-                f"({per_step})"
-            )
+        self._set_order(read_index(self.store), global_batch_size=global_batch_size, seed=seed, shuffle=shuffle,
+                        accumulation_steps=accumulation_steps, shuffle_block_shards=shuffle_block_shards)
+        self.place(rank, world_size)
         largest = max(shard.size for shard in self.index.shards)
         if cache_limit_bytes < largest * (prefetch_shards + 1):
             raise ValueError(
@@ -84,12 +80,29 @@ class StreamingDataset(IterableDataset):
                 "lower data.prefetch_shards"
             )
         self.decode, self.collate = decode, collate
-        self.global_batch_size, self.accumulation_steps = global_batch_size, accumulation_steps
-        self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
         self.cache_dir, self.cache_limit_bytes = cache_dir, cache_limit_bytes
-        self.prefetch_shards, self.shuffle_block_shards = prefetch_shards, shuffle_block_shards
+        self.prefetch_shards = prefetch_shards
+
+    def _set_order(self, index: ShardIndex, *, global_batch_size: int, accumulation_steps: int, seed: int,
+                   shuffle: bool, shuffle_block_shards: int) -> None:
+        """What the epoch's order is made of (shared with other sharded sources, such as
+        :class:`~skylift.data.table_stream.TableStream`, whose "shards" are row groups)."""
+        self.index = index
+        self.global_batch_size, self.accumulation_steps = global_batch_size, accumulation_steps
+        self.seed, self.shuffle, self.shuffle_block_shards = seed, shuffle, shuffle_block_shards
+        self.rank, self.world_size = 0, 1
         self.epoch, self.start_step = 0, 0
-        self._offsets = _offsets(self.index.shards)
+        self._offsets = _offsets(index.shards)
+
+    def place(self, rank: int, world_size: int) -> None:
+        """This process's place in the job (the global order does not depend on it)."""
+        per_step = world_size * self.accumulation_steps
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"data.global_batch_size ({self.global_batch_size}) must divide by world_size x accumulation.steps "
+                f"({per_step})"
+            )
+        self.rank, self.world_size = rank, world_size
 
     @property
     def steps_per_epoch(self) -> int:

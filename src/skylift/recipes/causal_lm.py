@@ -1,4 +1,6 @@
-"""Causal language-model fine-tuning: a Hugging Face ``AutoModelForCausalLM`` on JSONL documents.
+"""Causal language-model fine-tuning: a Hugging Face ``AutoModelForCausalLM`` on JSONL
+documents, or on a table source's rows (Parquet files, a Hugging Face dataset; local or in
+an object store) streamed a row group at a time (:mod:`skylift.data.table_stream`).
 
 The model and tokenizer come from a local folder (``recipe.model_path``), offline,
 weights in fp32 (mixed precision computes in bf16 from fp32 master weights), or from
@@ -41,6 +43,7 @@ from skylift.data.datasets import DatasetSplit
 from skylift.data.jsonl_text import (
     IGNORE_INDEX,
     DocumentSequences,
+    EncodedDocument,
     PackedBlocks,
     PackedDocuments,
     causal_collate,
@@ -55,6 +58,7 @@ from skylift.data.preference import (
     preference_collate,
     read_preference_rows,
 )
+from skylift.data.table_rows import is_table_source
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.base import Recipe
 from skylift.recipes.hf_models import offline
@@ -127,6 +131,8 @@ class CausalLM(Recipe):
 
     def build_datasets(self) -> DatasetSplit:
         settings = self.settings
+        if is_table_source(settings.train_path):
+            return self._table_datasets()
         read: Any = read_preference_rows if self.dpo is not None else read_jsonl_documents
         rows = read(Path(settings.train_path), "recipe.train_path")
         if settings.val_path is not None:
@@ -151,10 +157,75 @@ class CausalLM(Recipe):
                                      hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
 
+    def _table_datasets(self) -> DatasetSplit:
+        """Streams of a table source's rows, fetched as the order needs them
+        (:mod:`skylift.data.table_stream`): one document per sequence (``packing: false``,
+        which the settings check)."""
+        from skylift.data.table_rows import open_table_source
+        from skylift.data.table_stream import TableEval, TableStream
+
+        settings, data = self.settings, self.config.data
+        source = open_table_source(settings.train_path, "recipe.train_path", endpoint_url=data.endpoint_url)
+        collate = causal_collate(self.pad_id)
+        val: Any
+        if settings.val_path is None:
+            train_units, val_units = self._hold_out_units(source.units)
+            val = TableEval(source, val_units, decode=self._row_decoder("recipe.train_path (held out)"),
+                            collate=collate, batch_size=data.eval_batch_size)  # fmt: skip
+        elif is_table_source(settings.val_path):
+            train_units = source.units
+            val_source = open_table_source(settings.val_path, "recipe.val_path", endpoint_url=data.endpoint_url)
+            val = TableEval(val_source, val_source.units, decode=self._row_decoder("recipe.val_path"),
+                            collate=collate, batch_size=data.eval_batch_size)  # fmt: skip
+        else:
+            train_units = source.units
+            val = self._sequences(read_jsonl_documents(Path(settings.val_path), "recipe.val_path"), "recipe.val_path")
+        train = TableStream(source, train_units, decode=self._row_decoder("recipe.train_path"), collate=collate,
+                            global_batch_size=data.global_batch_size, accumulation_steps=self.config.accumulation.steps,
+                            seed=self.config.seed, prefetch_shards=data.prefetch_shards,
+                            shuffle_block_shards=data.shuffle_block_shards)  # fmt: skip
+        log.info("causal_lm: training on %s, %d rows in %d units read on demand (up to %d tokens a sequence); "
+                 "validation: %s", source.describe(), train.index.num_samples, len(train_units),
+                 settings.sequence_length,
+                 f"{sum(unit.num_rows for unit in val.units)} rows in {len(val.units)} units"
+                 if isinstance(val, TableEval) else f"{len(val)} sequences")  # fmt: skip
+        return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
+
+    def _hold_out_units(self, units: list[Any]) -> tuple[list[Any], list[Any]]:
+        """A seeded draw of ``data.val_fraction`` of the source's units (row groups) for validation."""
+        order = torch.randperm(len(units), generator=torch.Generator().manual_seed(self.config.seed)).tolist()
+        num_val = max(1, round(len(units) * self.config.data.val_fraction))
+        if num_val >= len(units):
+            raise SkyliftConfigError(f"recipe.train_path: its {len(units)} row groups leave none for training after "
+                                     f"data.val_fraction ({self.config.data.val_fraction}): a table source holds "
+                                     "out whole row groups", hint="Give recipe.val_path, or write the dataset in "
+                                     "more row groups (pyarrow.parquet.write_table's row_group_size)")  # fmt: skip
+        return [units[i] for i in sorted(order[num_val:])], [units[i] for i in sorted(order[:num_val])]
+
+    def _row_decoder(self, field: str) -> Any:
+        """A checked row -> its ``(input_ids, labels)`` sequence, cut at ``sequence_length``.
+        A document of one token (nothing to predict) becomes one position with no target."""
+        length = self.settings.sequence_length
+
+        def decode(row: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            sequences = DocumentSequences(self._documents([row], field), length).sequences
+            if sequences:
+                return sequences[0]
+            return torch.tensor([self.pad_id], dtype=torch.long), torch.tensor([IGNORE_INDEX], dtype=torch.long)
+
+        return decode
+
     def _sequences(self, rows: list[Any], field: str) -> Sequences:
         if self.dpo is not None:
             return PreferencePairs(encode_preferences(rows, self.tokenizer, field), self.settings.sequence_length)
+        documents = self._documents(rows, field)
+        if self.settings.packing and self.settings.packing_across_documents:
+            return PackedBlocks(documents, self.settings.sequence_length, field=field)
+        if self.settings.packing:
+            return PackedDocuments(documents, self.settings.sequence_length, field=field)
+        return DocumentSequences(documents, self.settings.sequence_length)
 
+    def _documents(self, rows: list[Any], field: str) -> list[EncodedDocument]:
         def encode(texts: list[str], special: bool) -> list[list[int]]:
             return self.tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
 
@@ -165,11 +236,7 @@ class CausalLM(Recipe):
         else:
             texts = [row for row in rows if not isinstance(row, Conversation)]
             documents = encode_documents(texts, encode, int(self.tokenizer.eos_token_id), mask_prompt=mask_prompt)
-        if self.settings.packing and self.settings.packing_across_documents:
-            return PackedBlocks(documents, self.settings.sequence_length, field=field)
-        if self.settings.packing:
-            return PackedDocuments(documents, self.settings.sequence_length, field=field)
-        return DocumentSequences(documents, self.settings.sequence_length)
+        return documents
 
     def _log_data(self, train_rows: list, val_rows: list, train: Any, val: Any) -> None:
         if isinstance(train, PreferencePairs):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from skylift.config.section import Section
+from skylift.data.table_rows import is_table_source
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.settings.base import RecipeSettings
 
@@ -92,7 +93,8 @@ class DpoSettings(Section):
 
 
 class CausalLMSettings(RecipeSettings):
-    """``recipe`` of ``causal_lm``: a Hugging Face causal language model fine-tuned on JSONL documents."""
+    """``recipe`` of ``causal_lm``: a Hugging Face causal language model fine-tuned on JSONL
+    documents, or on Parquet and Hugging Face datasets read where they live."""
 
     model_path: str = Field(min_length=1)
     """The model and tokenizer: a local Hugging Face folder that ``save_pretrained`` wrote
@@ -106,10 +108,17 @@ class CausalLMSettings(RecipeSettings):
     learned) or ``prompt`` and ``completion`` (only the completion's tokens learned); or
     whose rows are chats, ``messages``: a list of ``{"role": "system" | "user" |
     "assistant", "content": ...}``, rendered by the tokenizer's own chat template, only
-    the assistant turns' tokens learned. A file holds chats or the other rows, not both."""
+    the assistant turns' tokens learned. A file holds chats or the other rows, not both.
+    Or a table source with those columns, read where it lives and fetched a row group at
+    a time as training needs it: a ``.parquet`` file, a folder of them (a Hugging Face
+    dataset's Parquet shards; ``data/train-*.parquet`` picks some), or a local folder
+    that ``datasets``' ``save_to_disk`` wrote, locally or at an ``s3://``, ``oss://``,
+    ``cos://`` URL (endpoint: ``data.endpoint_url``); its rows are shuffled in blocks of
+    ``data.shuffle_block_shards`` row groups, ``data.prefetch_shards`` fetched ahead,
+    one document per sequence (``packing: false``)."""
     val_path: str | None = None
     """Validation documents in the same form; ``null`` holds out ``data.val_fraction`` of
-    the training documents (a seeded draw)."""
+    the training documents (a seeded draw; of a table source, whole row groups)."""
     sequence_length: int = Field(default=2048, ge=8, le=1_048_576)
     """Tokens per training sequence: the length of each packed block, or, unpacked, the
     longest document kept (longer ones are cut there; the run logs how many)."""
@@ -153,8 +162,8 @@ class CausalLMSettings(RecipeSettings):
             self.lora.check_device(device_type)
 
     def check_run(self, config: Any) -> None:
-        """JSONL files, not streamed shards; token-budget batching of unpacked documents that
-        fit it."""
+        """JSONL files or table sources, not streamed shards; a table source unpacked, in fixed
+        batches, for SFT; token-budget batching of unpacked documents that fit it."""
         data = config.data
         if self.objective == "dpo":
             self._check_dpo(config)
@@ -163,6 +172,8 @@ class CausalLMSettings(RecipeSettings):
                                      hint="Set recipe.objective: dpo, or remove recipe.dpo")  # fmt: skip
         if self.lora is not None:
             self.lora.check_run(config)
+        if is_table_source(self.train_path):
+            self._check_table_source(config)
         if data.url or data.val_url:
             raise SkyliftConfigError("data.url: causal_lm reads JSONL files (recipe.train_path, val_path), not "
                                      "streamed shards", hint="Remove data.url and data.val_url")  # fmt: skip
@@ -179,6 +190,22 @@ class CausalLMSettings(RecipeSettings):
                 f"recipe.sequence_length ({self.sequence_length}) exceeds data.max_tokens ({data.max_tokens}): "
                 "the longest document would not fit a micro-batch", hint="Raise data.max_tokens or lower "
                 "recipe.sequence_length")  # fmt: skip
+
+    def _check_table_source(self, config: Any) -> None:
+        """A table source streams one document per sequence, with fixed global batches."""
+        if self.packing:
+            raise SkyliftConfigError(
+                f"recipe.packing: recipe.train_path {self.train_path} is read a row group at a time as training "
+                "needs it, and packing would need every document's tokens before the first step",
+                hint="Set recipe.packing: false (one document per sequence, padded per batch)")  # fmt: skip
+        if config.data.batching == "token_budget":
+            raise SkyliftConfigError("data.batching: token_budget sorts every document by length before the first "
+                                     f"step, and recipe.train_path {self.train_path} is read as training needs it",
+                                     hint="Set data.batching: fixed")  # fmt: skip
+        if self.objective == "dpo":
+            raise SkyliftConfigError(f"recipe.objective: dpo reads preference pairs from a JSONL file; "
+                                     f"recipe.train_path {self.train_path} is a table source",
+                                     hint="Write the pairs as JSONL rows of prompt, chosen and rejected")  # fmt: skip
 
     def _check_dpo(self, config: Any) -> None:
         """What DPO cannot run with: packing, an unmasked prompt, a token budget under a pair, FSDP, and a

@@ -88,13 +88,15 @@ test-skypilot: $(SKY_VENV)/.installed
 LF_VENV ?= .venv-llamafactory
 $(LF_VENV)/.installed: requirements/test-llamafactory.txt $(VENV)/.installed-test
 	$(PYTHON) -m venv $(LF_VENV)
-	$(LF_VENV)/bin/python -c "import sysconfig; print('$(abspath $(VENV))/lib/python' + sysconfig.get_python_version() + '/site-packages')" \
-		> $$($(LF_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")/zz_project_venv.pth
+	$(LF_VENV)/bin/python -c "import sysconfig; from pathlib import Path; \
+		project = Path('$(abspath $(VENV))', 'lib', 'python' + sysconfig.get_python_version(), 'site-packages'); \
+		Path(sysconfig.get_path('purelib'), 'zz_project_venv.pth').write_text(f'import site; site.addsitedir({str(project)!r})\n')"
 	$(LF_VENV)/bin/python -m pip install --disable-pip-version-check -q -r requirements/test-llamafactory.txt
 	touch $@
 
+# Absolute paths: the launched workers run in the test's scratch folder.
 test-llamafactory: $(LF_VENV)/.installed
-	PYTHONPATH=src:. $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/launch/test_llamafactory.py
+	PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/launch/test_llamafactory.py
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.trainer_overhead

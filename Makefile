@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c requirements/constraints.txt
 DEPS := pyproject.toml requirements/constraints.txt
 
-.PHONY: demo test test-all test-loaded test-skypilot bench install clean docs lint
+.PHONY: demo test test-all test-loaded test-skypilot test-llamafactory bench install clean docs lint
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,21 @@ test-skypilot: $(SKY_VENV)/.installed
 	SKYLIFT_REQUIRE_SKYPILOT=1 PYTHONPATH=src:. $(SKY_VENV)/bin/python -m pytest --noconftest -q \
 		-p no:cacheprovider tests/submit/test_skypilot_real.py
 
+# LLaMA-Factory's own CLI under skylift launch, in a venv that reads .venv's packages and
+# adds LLaMA-Factory's older pins on top (see requirements/test-llamafactory.txt for why).
+LF_VENV ?= .venv-llamafactory
+$(LF_VENV)/.installed: requirements/test-llamafactory.txt $(VENV)/.installed-test
+	$(PYTHON) -m venv $(LF_VENV)
+	$(LF_VENV)/bin/python -c "import sysconfig; from pathlib import Path; \
+		project = Path('$(abspath $(VENV))', 'lib', 'python' + sysconfig.get_python_version(), 'site-packages'); \
+		Path(sysconfig.get_path('purelib'), 'zz_project_venv.pth').write_text(f'import site; site.addsitedir({str(project)!r})\n')"
+	$(LF_VENV)/bin/python -m pip install --disable-pip-version-check -q -r requirements/test-llamafactory.txt
+	touch $@
+
+# Absolute paths: the launched workers run in the test's scratch folder.
+test-llamafactory: $(LF_VENV)/.installed
+	PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(LF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/launch/test_llamafactory.py
+
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.trainer_overhead
 
@@ -97,4 +112,4 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SKY_VENV) $(LF_VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -255,3 +255,65 @@ def test_a_trainer_job_is_refused_while_another_live_job_holds_its_checkpoint_fo
 
     holder = current_holder(LocalStore(output_dir))
     assert holder["released"] is True and holder["job_id"].startswith("trainer-")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_trainer_job_whose_lease_another_job_took_over_stops_every_rank_with_one_line(tmp_path):
+    import re
+    import signal
+    import time
+
+    from skylift.checkpoint.lease import RunLease, current_holder
+    from skylift.storage.local import LocalStore
+
+    output_dir = tmp_path / "out"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "skylift", "launch", "--nproc", "2", "--no-doctor", "--", "python",
+         str(PROGRAMS / "lease_takeover_job.py"), str(output_dir)],
+        cwd=tmp_path, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    store = LocalStore(output_dir)
+    new_job = RunLease(store, job_id="the-new-job")
+    try:
+        deadline = time.monotonic() + 180
+        rank_0 = None
+        while rank_0 is None or _process_state(rank_0) != "T":  # rank 0 paused itself at step 4
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0][-4000:]
+            time.sleep(0.1)
+            holder = current_holder(store) if (output_dir / "lease").is_dir() else None
+            rank_0 = int(holder["pid"]) if holder else None
+        try:
+            time.sleep(3.0)  # past the job's 2 s lease
+            new_job.acquire()  # the lease is stale: another job takes it over
+        finally:
+            os.kill(rank_0, signal.SIGCONT)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    try:
+        assert job.returncode == 1, output[-4000:]
+        errors = [line for line in output.splitlines() if line.startswith("skylift: error:")]
+        assert len(errors) == 1, output[-4000:]  # rank 0's line, not one per rank
+        # One step boundary to learn it, one for the ranks' agreement (exchanged a step late).
+        assert re.match(r"skylift: error: stopped at step [45]: .*/lease: the run lease was taken over by job "
+                        r"the-new-job on .* \(pid \d+\) after this job's heartbeat went unrenewed for more than "
+                        r"checkpoint.lease_ttl_s \(2 s; was the process paused\?\); this job stops without writing "
+                        r"the checkpoint root again$", errors[0]), errors[0]
+        assert "Traceback" not in output, output[-4000:]
+        assert "trained step=" not in output
+        # Nothing more written to the root the new job holds: not step 6's checkpoint, no release of its lease.
+        assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-3"]
+        holder = current_holder(store)
+        assert holder["job_id"] == "the-new-job" and not holder["released"]
+    finally:
+        new_job.release()
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of ``/proc/PID/stat`` (``T``: stopped), or ``?`` once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return "?"

@@ -129,7 +129,7 @@ class SkyliftCallback(pl.Callback):
                                      "accumulate_grad_batches": accumulation, "precision": str(trainer.precision),
                                      "strategy": type(trainer.strategy).__name__})
         self.run = ScriptRun(self.config, context, precision=_precision(str(trainer.precision)),
-                             micro_steps=accumulation, job=job)
+                             micro_steps=accumulation, job=job, exit_on_stop=self.exit_on_stop)
         self.run.take_lease(lease_root(self.checkpoints, self.config, default=Path(self.config.run_dir)),
                            job_name="lightning")
         self._batches = BatchCount.of(loader, per_rank_batch=getattr(loader, "batch_size", None) or 1,
@@ -200,6 +200,7 @@ class SkyliftCallback(pl.Callback):
     def _save(self, trainer: pl.Trainer, step: int) -> None:
         """``trainer.save_checkpoint`` into ``step-N/`` (every rank calls it), then the commit on rank 0."""
         run = self._require_run()
+        run.before_save()  # a lease lost at this step stops every rank before the write
         folder = self.checkpoints.folder(step)
         started_at_s = time.perf_counter()
         if run.context.is_main:

@@ -23,7 +23,6 @@ import math
 import os
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,17 +32,17 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from skylift.checkpoint.lease import LeaseHeldError, RunLease
+from skylift.checkpoint.lease import LeaseLostError
 from skylift.config.load import load_config
 from skylift.config.schema import RunConfig
 from skylift.config.script_environment import ScriptEnvironment
 from skylift.errors import SkyliftError
+from skylift.integrations.lease import FrameworkLease, FrameworkServices
 from skylift.loop.agreement import StopReason
 from skylift.loop.collectives import collective
 from skylift.loop.distributed import DistributedContext, exit_cleanly, new_gloo_group
 from skylift.loop.events import TrainState
 from skylift.storage import Store
-from skylift.train.services import RunServices
 
 if TYPE_CHECKING:
     from skylift.monitor.report import Report
@@ -154,11 +153,14 @@ class ScriptRun:
         micro_steps: forward passes per optimizer step.
         job: the job as the framework runs it (its batch, loader, compile), for ``run_start``
             and the run folder's ``config.yaml``.
+        exit_on_stop: a lease another job took over ends the process (exit 1, one line from
+            rank 0); with False, :meth:`step_end` raises :class:`LeaseLostError` instead.
     """
 
     def __init__(self, config: RunConfig, context: DistributedContext, *, precision: str, micro_steps: int,
-                 job: FrameworkJob | None = None) -> None:
+                 job: FrameworkJob | None = None, exit_on_stop: bool = True) -> None:
         self.config = config
+        self.exit_on_stop = exit_on_stop
         self.context = context
         self.job = job
         services_config = config.model_copy(deep=True)
@@ -169,7 +171,7 @@ class ScriptRun:
                 services_config.data.global_batch_size = job.per_device_batch_size * context.world_size * micro_steps
             services_config.data.num_workers = job.data_num_workers
             services_config.compile.enabled = job.compile_enabled
-        self.services = RunServices(services_config, context, device=context.device, precision=precision,
+        self.services = FrameworkServices(services_config, context, device=context.device, precision=precision,
                                     ddp_module=lambda: None, micro_steps=micro_steps)
         # Barriers of the commit rule run on their own gloo group, off the framework's (NCCL) traffic.
         self._group = new_gloo_group() if context.is_distributed else None
@@ -183,35 +185,22 @@ class ScriptRun:
         self._interval = _Interval()
         self._step_started_s: float | None = None
         self._finished = False
-        self._lease: RunLease | None = None
+        self._lease = FrameworkLease(config, context, self.services, self._group)
 
     # -- the loop -------------------------------------------------------------------
 
     def take_lease(self, root: Store, *, job_name: str) -> None:
-        """Hold the run lease of ``root`` (where the framework's checkpoints go) for this attempt.
-
-        Rank 0 takes it (or joins the one ``skylift launch --checkpoint-root`` holds for its
-        workers) and heartbeats it until :meth:`finish`; every rank learns the outcome.
+        """Hold the run lease of ``root`` (where the framework's checkpoints go) for this attempt;
+        rank 0 checks it at every step boundary (:mod:`skylift.integrations.lease`).
 
         Raises:
             LeaseHeldError: another live job holds it (every rank; the shim prints rank 0's one line).
         """
-        refusal = None
-        if self.context.is_main:
-            job_id = f"{job_name}-{uuid.uuid4().hex[:8]}"
-            lease = RunLease(root, ttl_s=self.config.checkpoint.lease_ttl_s, job_id=job_id)
-            try:
-                lease.acquire()
-                self._lease = lease
-            except LeaseHeldError as held:
-                refusal = f"{held} (another job is writing these checkpoints)"
-        if self._group is not None:
-            holder = [refusal]
-            dist.broadcast_object_list(holder, src=0, group=self._group)
-            refusal = holder[0]
-        if refusal:
+        try:
+            self._lease.take(root, job_name=job_name)
+        except BaseException:
             self.close()
-            raise LeaseHeldError(refusal)
+            raise
 
     def start(self, state: TrainState, *, resumed_from_step: int | None) -> None:
         """Refuse a resume past the budget, write ``run_start``, start the watchers (every rank)."""
@@ -248,7 +237,12 @@ class ScriptRun:
         state.step_time_s, state.data_wait_s = self._interval.last_step_s, self._interval.last_data_wait_s
         if scalars:
             state.extra["scalars"] = scalars
-        stop = self.services.step_end(state)
+        self._lease.watch()
+        stop = False
+        try:
+            stop = self.services.step_end(state)
+        except LeaseLostError as lost:
+            self._end_for_lost_lease(lost)
         breakdown = state.extra.pop("breakdown_s", None)
         if breakdown is not None and loss is None:
             self._breakdowns[step] = breakdown  # for the framework's log of this step
@@ -256,6 +250,19 @@ class ScriptRun:
         if stop and self.stopped is None:
             self.stopped, self.stop_step = self.services.stopped, step
         return self.stopped if stop else None
+
+    def before_save(self) -> None:
+        """Every rank, at a step whose checkpoint the framework is about to write (after
+        :meth:`step_end`): a lease lost at this step stops the job before the write."""
+        try:
+            self._lease.confirm_before_save(self.state)
+        except LeaseLostError as lost:
+            self._end_for_lost_lease(lost)
+
+    def _end_for_lost_lease(self, lost: LeaseLostError) -> None:
+        self.stopped, self.stop_step = StopReason.ROOT_LOST.label, self.state.step
+        self.close()
+        self._lease.end(lost, exit_process=self.exit_on_stop)
 
     def request_save(self) -> None:
         """Ask every rank to save at the next step boundary (from any one rank)."""
@@ -370,9 +377,7 @@ class ScriptRun:
         self._release_lease()
 
     def _release_lease(self) -> None:
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        self._lease.release()
 
     def exit(self, code: int) -> None:
         """End the process with ``code`` once every rank got here (so no rank's exit makes the

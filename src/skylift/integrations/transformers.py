@@ -109,7 +109,8 @@ class SkyliftCallback(TrainerCallback):
         self._batches = BatchCount.of(kwargs.get("train_dataloader"), per_rank_batch=args.per_device_train_batch_size,
                                        world_size=args.world_size, accumulation=args.gradient_accumulation_steps)
         self.run = ScriptRun(config, _context(args), precision=_precision(args),
-                             micro_steps=args.gradient_accumulation_steps, job=_job(args, state))
+                             micro_steps=args.gradient_accumulation_steps, job=_job(args, state),
+                             exit_on_stop=self.exit_on_stop)
         self.run.take_lease(lease_root(self.checkpoints, config), job_name="trainer")
         steps_per_epoch = self._batches.steps_per_epoch
         train_state = TrainState(total_steps=state.max_steps, steps_per_epoch=steps_per_epoch,
@@ -222,6 +223,7 @@ class SkyliftCallback(TrainerCallback):
     def _before_a_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         if not control.should_save:
             return
+        self._require_run().before_save()  # a lease lost at this step stops every rank before the write
         self._save_started_s = time.perf_counter()
         assert self.checkpoints is not None
         if args.process_index == 0:

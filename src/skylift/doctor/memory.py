@@ -73,6 +73,7 @@ def estimate_memory(config: RunConfig, micro_batch_size: int, world_size: int) -
         adapters=model.adapters,
         frozen_weight_bytes=breakdown.frozen_weight_bytes,
         quantized_parameters=model.quantized_parameters,
+        reference_bytes=breakdown.reference_bytes,
         parameter_bytes=breakdown.parameter_bytes,
         gradient_bytes=breakdown.gradient_bytes + breakdown.bucket_bytes,
         bucket_bytes=breakdown.bucket_bytes,
@@ -108,7 +109,7 @@ def trace_model_memory(config: RunConfig, micro_batch_size: int, *, sharded: boo
 
     model, batch, loss = meta_model_and_batch(config, micro_batch_size)
     blocks = select_blocks(model, config.distributed.fsdp.block_types) if sharded else None
-    adapters = _adapters(config, model)
+    adapters = _adapters(config, model) | _reference(config, model)
     if config.recipe.name == "causal_lm":
         # On meta, attention takes the math path, which saves the sequence-squared score
         # matrix that a GPU's fused kernels never hold, and activation checkpointing does
@@ -174,6 +175,19 @@ def _adapters(config: RunConfig, model: nn.Module) -> dict[str, Any]:
         return {"adapters": f"LoRA rank {lora.rank}", "recomputed": recomputed}
     return {"adapters": f"QLoRA rank {lora.rank}, base in 4-bit NF4", "quantized": nf4_quantized_parameters(model),
             "recomputed": recomputed}
+
+
+def _reference(config: RunConfig, model: nn.Module) -> dict[str, Any]:
+    """DPO's frozen copy of the starting model (``recipe.dpo.reference: frozen_copy``): its
+    weights as built, kept beside the policy (:class:`skylift.recipes.preference.Reference`)."""
+    if config.recipe.name != "causal_lm":
+        return {}
+    from skylift.recipes import check_recipe_settings
+
+    settings = check_recipe_settings(config)
+    if settings.objective != "dpo" or settings.dpo is None or settings.dpo.reference != "frozen_copy":
+        return {}
+    return {"reference_weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
 
 def _checkpointed_blocks(config: RunConfig, model: nn.Module) -> list[nn.Module]:

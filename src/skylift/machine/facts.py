@@ -211,6 +211,8 @@ class MemoryEstimate(_Facts):
     """The part of ``parameter_bytes`` that is frozen (the adapters' base, as stored)."""
     quantized_parameters: int = 0
     """Frozen parameters held in 4-bit NF4 (QLoRA)."""
+    reference_bytes: int = 0
+    """DPO's frozen reference copy of the weights (``recipe.dpo.reference: frozen_copy``)."""
     parameter_bytes: int = 0
     gradient_bytes: int = 0
     """Gradients, with DDP's bucket copy of them when there are several ranks."""

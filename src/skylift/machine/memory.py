@@ -165,6 +165,10 @@ class ModelMemory:
     only, ``cached_cast`` in ``aten/src/ATen/autocast_mode.cpp``), so none is kept."""
     adapters: str | None = None
     """What trains instead of the whole model, in words ("LoRA", "QLoRA ..."); ``None``: every weight."""
+    reference_weight_bytes: int = 0
+    """DPO's frozen reference copy (``recipe.dpo.reference: frozen_copy``): every weight
+    again as stored, never trained nor sharded; 0 with adapters, whose reference is the
+    base itself with the adapters off."""
 
     @property
     def frozen_parameters(self) -> int:
@@ -315,6 +319,8 @@ class MemoryBreakdown:
     frozen_weight_bytes: int = 0
     """The part of ``parameter_bytes`` that is frozen (a LoRA base): no gradient, no
     optimizer state, and not in a checkpoint (which holds the adapters)."""
+    reference_bytes: int = 0
+    """DPO's frozen reference copy of the weights (:attr:`ModelMemory.reference_weight_bytes`), whole on every rank."""
 
     @property
     def sharded_state_bytes(self) -> int:
@@ -330,7 +336,7 @@ class MemoryBreakdown:
     def state_bytes(self) -> int:
         """Everything on the device but the activations: what a micro-batch of any size adds to."""
         on_device = 0 if self.offloaded else self.sharded_state_bytes
-        return on_device + self.bucket_bytes + self.autocast_weight_bytes + self.unsharded_bytes
+        return on_device + self.bucket_bytes + self.autocast_weight_bytes + self.unsharded_bytes + self.reference_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -391,6 +397,7 @@ def training_memory(model: ModelMemory, micro_batch_size: int, *, half_precision
         ema_bytes=ema_bytes,
         autocast_weight_bytes=cast * _HALF_BYTES if half_precision and sharding is None else 0,
         frozen_weight_bytes=(model.weight_bytes - trainable) // shards,
+        reference_bytes=model.reference_weight_bytes,
         activation_bytes=activations,
         shard_count=shards,
         unsharded_bytes=unsharded_bytes(model, sharding, half_precision=half_precision,

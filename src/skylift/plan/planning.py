@@ -234,6 +234,10 @@ def _memory_assumption(memory: ModelMemory | None, sharding: Sharding | None) ->
     if memory is None or not memory.parameters:
         return "memory fit: not checked (the model was not traced)"
     adapters = _adapter_text(memory)
+    if memory.reference_weight_bytes:
+        from skylift.doctor.rules.resources import format_bytes
+
+        adapters += f"; DPO's frozen reference copy of the weights ({format_bytes(memory.reference_weight_bytes)})"
     if memory.saved_float_elements_per_sample is None:
         how = ("sharded over each candidate's ranks (FSDP2) with what a rank gathers" if sharding else
                "with DDP buckets and half weight copies")  # fmt: skip

@@ -213,6 +213,8 @@ def _memory_parts(estimate: MemoryEstimate) -> str:
 
 def _other_parts(estimate: MemoryEstimate) -> list[str]:
     parts = []
+    if estimate.reference_bytes:
+        parts.append(f"DPO reference copy {format_bytes(estimate.reference_bytes)}")
     if estimate.ema_bytes:
         parts.append(f"EMA {format_bytes(estimate.ema_bytes)}")
     if estimate.autocast_weight_bytes:

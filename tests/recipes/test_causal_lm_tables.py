@@ -107,7 +107,6 @@ def test_kill_mid_epoch_and_rerun_equals_the_uninterrupted_run(cli, cli_here, s3
 @pytest.mark.parametrize(("overrides", "message"), [
     ((), "recipe.packing: recipe.train_path .* is read a row group at a time"),
     (("recipe.packing=false", "data.batching=token_budget"), "data.batching: token_budget sorts every document"),
-    (("recipe.packing=false", "recipe.objective=dpo"), "recipe.objective: dpo reads preference pairs from a JSONL"),
 ])  # fmt: skip
 def test_settings_a_table_source_cannot_run_with_are_named(tmp_path, overrides, message):
     config = load_config(PRESET, [f"run_dir={tmp_path / 'run'}", *QUIET, "recipe.train_path=s3://bucket/chats",
@@ -138,3 +137,79 @@ def test_a_two_process_run_killed_mid_epoch_resumes_on_one(cli, cli_here, s3_cha
     got, want = losses_by_step(run_dir), losses_by_step(reference)
     assert got.keys() == want.keys()
     assert all(got[step] == pytest.approx(want[step], rel=1e-4) for step in want), (got, want)
+
+
+# -- preference pairs from a table (recipe.objective: dpo) -----------------------------------------------------
+
+DPO_PRESET = "examples/dpo-lora-cpu.yaml"
+PAIR_FILES, PAIRS_PER_FILE, PAIRS_PER_GROUP, PAIR_BATCH = 2, 32, 8, 8
+PAIR_STEPS_PER_EPOCH = (PAIR_FILES * PAIRS_PER_FILE - PAIRS_PER_GROUP) // PAIR_BATCH  # one row group held out: 7
+DPO_EXACT = (f"data.global_batch_size={PAIR_BATCH}", "data.shuffle_block_shards=2", "data.prefetch_shards=1",
+             "schedule.epochs=2", "schedule.warmup_steps=0", "deterministic=true", "precision=fp32",
+             "monitor.log_every_steps=1", "checkpoint.every_minutes=null", "checkpoint.save_at_end=false",
+             "checkpoint.async_save=false", "recipe.lora.dropout=0.1")  # fmt: skip
+
+
+def _write_pairs(store) -> None:
+    from skylift.recipes.tiny_lm import tiny_preferences
+
+    rows = tiny_preferences(PAIR_FILES * PAIRS_PER_FILE, seed=3)
+    for number in range(PAIR_FILES):
+        store.write_bytes(f"pairs-{number}.parquet",
+                          parquet_bytes(rows[number * PAIRS_PER_FILE:][:PAIRS_PER_FILE], PAIRS_PER_GROUP))
+
+
+def test_preference_pairs_stream_from_parquet_as_whole_pairs(tmp_path):
+    folder = tmp_path / "pairs"
+    _write_pairs(open_store(str(folder)))
+    config = load_config(DPO_PRESET, [f"run_dir={tmp_path / 'run'}", *QUIET, f"recipe.train_path={folder}",
+                                      "recipe.val_path=null", *DPO_EXACT])  # fmt: skip
+    recipe = CausalLM(config)
+    context = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
+    loaders = build_loaders(config, recipe, context, pin_memory=False)
+    assert loaders.order.steps_per_epoch == PAIR_STEPS_PER_EPOCH
+    input_ids, attention_mask, labels = next(iter(loaders.train))
+    assert input_ids.shape[:2] == (PAIR_BATCH, 2) and input_ids.shape == labels.shape == attention_mask.shape
+    # Each pair: the same prompt on both sides (unlabelled), then two different completions.
+    for chosen, rejected in labels:
+        assert (chosen != IGNORE_INDEX).any() and (rejected != IGNORE_INDEX).any()
+    assert int(recipe.loss_count((input_ids, attention_mask, labels))) == PAIR_BATCH
+
+
+def test_a_table_without_preference_columns_under_dpo_names_them(tmp_path):
+    folder = tmp_path / "chats"
+    open_store(str(folder)).write_bytes("part-0.parquet", parquet_bytes(tiny_chats(16), 8))
+    config = load_config(DPO_PRESET, [f"run_dir={tmp_path / 'run'}", *QUIET, f"recipe.train_path={folder}",
+                                      "recipe.val_path=null"])  # fmt: skip
+    with pytest.raises(SkyliftConfigError, match=r"has the columns \['messages'\]; recipe.objective: dpo needs"):
+        CausalLM(config).build_datasets()
+
+
+@pytest.mark.slow
+def test_dpo_from_parquet_in_s3_killed_mid_epoch_equals_the_uninterrupted_run(cli, cli_here, moto_server, s3_bucket,
+                                                                               tmp_path):  # fmt: skip
+    _write_pairs(open_store(f"s3://{s3_bucket}/pairs", endpoint_url=moto_server.endpoint_url))
+
+    def arguments(run_dir):
+        sets = [f"recipe.train_path=s3://{s3_bucket}/pairs/pairs-*.parquet", "recipe.val_path=null",
+                f"data.endpoint_url={moto_server.endpoint_url}", *DPO_EXACT,
+                f"checkpoint.every_steps={PAIR_STEPS_PER_EPOCH + 2}"]  # fmt: skip
+        args = ["run", DPO_PRESET, "--json", "--no-doctor", "--set", f"run_dir={run_dir}"]
+        for override in (*QUIET, *sets):
+            args += ["--set", override]
+        return args
+
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    with state_kept():
+        uninterrupted = cli_here(*arguments(reference), env=ONE_THREAD)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    killed = cli(*arguments(run_dir), env={**ONE_THREAD,
+                                           "SKYLIFT_FAULT_INJECTION": f"step_end:step={PAIR_STEPS_PER_EPOCH + 4}"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    with state_kept():
+        resumed = cli_here(*arguments(run_dir), env=ONE_THREAD)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == PAIR_STEPS_PER_EPOCH + 2
+    assert summary(run_dir)["samples_seen"] == summary(reference)["samples_seen"] == 2 * PAIR_STEPS_PER_EPOCH * PAIR_BATCH
+    assert_same_run(run_dir, reference)
+    assert records(run_dir, "train")[-1]["rewards/margins"] == records(reference, "train")[-1]["rewards/margins"]

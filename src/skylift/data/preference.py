@@ -37,7 +37,8 @@ from skylift.data.chat import Conversation, check_chat_template, read_conversati
 from skylift.data.jsonl_text import IGNORE_INDEX, EncodedDocument
 from skylift.errors import SkyliftConfigError
 
-__all__ = ["PreferencePairs", "PreferenceRow", "encode_preferences", "preference_collate", "read_preference_rows"]
+__all__ = ["PreferencePairs", "PreferenceRow", "encode_preferences", "preference_collate", "read_preference_row",
+           "read_preference_rows"]
 
 PREFERENCE_LAYOUT = ('{"prompt": ..., "chosen": ..., "rejected": ...} or {"messages": [...], "chosen": ..., '
                      '"rejected": ...} rows')  # fmt: skip
@@ -77,6 +78,16 @@ def _preference(line: str, where: str) -> PreferenceRow:
         row = json.loads(line)
     except json.JSONDecodeError as error:
         raise SkyliftConfigError(f"{where}: not JSON ({error.msg})") from None
+    return read_preference_row(row, where)
+
+
+def read_preference_row(row: Any, where: str) -> PreferenceRow:
+    """One checked preference row (a JSONL line's object, a table's row), named ``where``
+    in its errors.
+
+    Raises:
+        SkyliftConfigError: not a preference (SFT rows name ``recipe.objective``).
+    """
     keys = set(row) if isinstance(row, dict) else set()
     if not keys >= {"chosen", "rejected"} or not keys & {"prompt", "messages"}:
         found = sorted(keys) if keys else type(row).__name__

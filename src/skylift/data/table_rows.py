@@ -29,9 +29,11 @@ from typing import Any
 from skylift.errors import SkyliftConfigError
 from skylift.storage import Store, open_store
 
-__all__ = ["DOCUMENT_COLUMNS", "TableSource", "TableUnit", "is_table_source", "open_table_source"]
+__all__ = ["DOCUMENT_COLUMNS", "PREFERENCE_COLUMNS", "TableSource", "TableUnit", "is_table_source", "open_table_source"]
 
 DOCUMENT_COLUMNS = (("messages",), ("prompt", "completion"), ("text",))
+PREFERENCE_COLUMNS = (("messages", "chosen", "rejected"), ("prompt", "chosen", "rejected"))
+"""The columns of preference pairs (``recipe.objective: dpo``), as in JSONL."""
 """The columns a row of documents holds, in the order they are looked for."""
 
 _STATE = "state.json"
@@ -71,11 +73,11 @@ class TableSource:
             or lacks the document columns (naming the columns it has and the fix).
     """
 
-    def __init__(self, path: str, field: str, *, endpoint_url: str | None = None) -> None:
+    def __init__(self, path: str, field: str, *, endpoint_url: str | None = None, preferences: bool = False) -> None:
         if importlib.util.find_spec("pyarrow") is None:
             raise SkyliftConfigError(f"{field}: {path} is read with pyarrow, which is not installed",
                                      hint="pip install -c requirements/constraints.txt -e '.[text]'")  # fmt: skip
-        self.path, self.field = path, field
+        self.path, self.field, self.preferences = path, field, preferences
         root, pattern = _split(path)
         self.store: Store = open_store(root, endpoint_url=endpoint_url)
         self._footers: dict[str, Any] = {}
@@ -86,7 +88,13 @@ class TableSource:
         self.columns: tuple[str, ...] = ()
         for key in keys:
             names, units = self._describe(key)
-            columns = _document_columns(names)
+            columns = _document_columns(names, PREFERENCE_COLUMNS if preferences else DOCUMENT_COLUMNS)
+            if columns is None and preferences:
+                raise SkyliftConfigError(
+                    f"{field}: {self.store.describe(key)} has the columns {sorted(names)}; recipe.objective: dpo "
+                    "needs \"prompt\" (or \"messages\"), \"chosen\" and \"rejected\"",
+                    hint="Rename the columns (datasets: Dataset.rename_column), or set recipe.objective: sft for "
+                    "documents")  # fmt: skip
             if columns is None:
                 raise SkyliftConfigError(
                     f"{field}: {self.store.describe(key)} has the columns {sorted(names)}, none of the document "
@@ -109,16 +117,19 @@ class TableSource:
                 f"{files} files, columns {list(self.columns)})")
 
     def read_unit(self, unit: TableUnit) -> list[Any]:
-        """The documents of ``unit``, checked (:func:`~skylift.data.jsonl_text.read_document_row`)."""
+        """The rows of ``unit``, checked (:func:`~skylift.data.jsonl_text.read_document_row`, or
+        :func:`~skylift.data.preference.read_preference_row` for preference pairs)."""
         from skylift.data.jsonl_text import read_document_row
+        from skylift.data.preference import read_preference_row
 
+        read_row = read_preference_row if self.preferences else read_document_row
         if unit.row_group is None:
             table = self._arrow_table(unit.key)
         else:
             table = self._parquet(unit.key).read_row_group(unit.row_group, columns=list(self.columns))
         first = sum(other.num_rows for other in self.units[: self.units.index(unit)] if other.key == unit.key)
         rows = table.select(list(self.columns)).to_pylist()
-        return [read_document_row(row, f"{self.field}: {self.store.describe(unit.key)} row {first + number}")
+        return [read_row(row, f"{self.field}: {self.store.describe(unit.key)} row {first + number}")
                 for number, row in enumerate(rows)]  # fmt: skip
 
     def _find(self, pattern: str | None) -> tuple[str, list[str]]:
@@ -181,9 +192,11 @@ class TableSource:
         return table if columns is None else table.select(list(columns or self.columns))
 
 
-def open_table_source(path: str, field: str, *, endpoint_url: str | None = None) -> TableSource:
-    """The table source at ``path`` (see :class:`TableSource`); ``field`` names the setting."""
-    return TableSource(path, field, endpoint_url=endpoint_url)
+def open_table_source(path: str, field: str, *, endpoint_url: str | None = None,
+                      preferences: bool = False) -> TableSource:
+    """The table source at ``path`` (see :class:`TableSource`); ``field`` names the setting;
+    ``preferences``: rows of preference pairs (:data:`PREFERENCE_COLUMNS`)."""
+    return TableSource(path, field, endpoint_url=endpoint_url, preferences=preferences)
 
 
 def _split(path: str) -> tuple[str, str | None]:
@@ -195,8 +208,8 @@ def _split(path: str) -> tuple[str, str | None]:
     return stripped, None
 
 
-def _document_columns(names: list[str]) -> tuple[str, ...] | None:
-    for columns in DOCUMENT_COLUMNS:
+def _document_columns(names: list[str], layouts: tuple[tuple[str, ...], ...]) -> tuple[str, ...] | None:
+    for columns in layouts:
         if set(columns) <= set(names):
             return columns
     return None

@@ -132,7 +132,9 @@ class CausalLM(Recipe):
     def build_datasets(self) -> DatasetSplit:
         settings = self.settings
         if is_table_source(settings.train_path):
-            return self._table_datasets()
+            from skylift.recipes.causal_lm_tables import table_datasets
+
+            return table_datasets(self)
         read: Any = read_preference_rows if self.dpo is not None else read_jsonl_documents
         rows = read(Path(settings.train_path), "recipe.train_path")
         if settings.val_path is not None:
@@ -156,64 +158,6 @@ class CausalLM(Recipe):
                                      f"data.val_fraction ({self.config.data.val_fraction})",
                                      hint="Give more documents, or recipe.val_path")  # fmt: skip
         return [rows[i] for i in sorted(order[num_val:])], [rows[i] for i in sorted(order[:num_val])]
-
-    def _table_datasets(self) -> DatasetSplit:
-        """Streams of a table source's rows, fetched as the order needs them
-        (:mod:`skylift.data.table_stream`): one document per sequence (``packing: false``,
-        which the settings check)."""
-        from skylift.data.table_rows import open_table_source
-        from skylift.data.table_stream import TableEval, TableStream
-
-        settings, data = self.settings, self.config.data
-        source = open_table_source(settings.train_path, "recipe.train_path", endpoint_url=data.endpoint_url)
-        collate = causal_collate(self.pad_id)
-        val: Any
-        if settings.val_path is None:
-            train_units, val_units = self._hold_out_units(source.units)
-            val = TableEval(source, val_units, decode=self._row_decoder("recipe.train_path (held out)"),
-                            collate=collate, batch_size=data.eval_batch_size)  # fmt: skip
-        elif is_table_source(settings.val_path):
-            train_units = source.units
-            val_source = open_table_source(settings.val_path, "recipe.val_path", endpoint_url=data.endpoint_url)
-            val = TableEval(val_source, val_source.units, decode=self._row_decoder("recipe.val_path"),
-                            collate=collate, batch_size=data.eval_batch_size)  # fmt: skip
-        else:
-            train_units = source.units
-            val = self._sequences(read_jsonl_documents(Path(settings.val_path), "recipe.val_path"), "recipe.val_path")
-        train = TableStream(source, train_units, decode=self._row_decoder("recipe.train_path"), collate=collate,
-                            global_batch_size=data.global_batch_size, accumulation_steps=self.config.accumulation.steps,
-                            seed=self.config.seed, prefetch_shards=data.prefetch_shards,
-                            shuffle_block_shards=data.shuffle_block_shards)  # fmt: skip
-        log.info("causal_lm: training on %s, %d rows in %d units read on demand (up to %d tokens a sequence); "
-                 "validation: %s", source.describe(), train.index.num_samples, len(train_units),
-                 settings.sequence_length,
-                 f"{sum(unit.num_rows for unit in val.units)} rows in {len(val.units)} units"
-                 if isinstance(val, TableEval) else f"{len(val)} sequences")  # fmt: skip
-        return DatasetSplit(train=train, val=val, num_classes=0, in_channels=0)
-
-    def _hold_out_units(self, units: list[Any]) -> tuple[list[Any], list[Any]]:
-        """A seeded draw of ``data.val_fraction`` of the source's units (row groups) for validation."""
-        order = torch.randperm(len(units), generator=torch.Generator().manual_seed(self.config.seed)).tolist()
-        num_val = max(1, round(len(units) * self.config.data.val_fraction))
-        if num_val >= len(units):
-            raise SkyliftConfigError(f"recipe.train_path: its {len(units)} row groups leave none for training after "
-                                     f"data.val_fraction ({self.config.data.val_fraction}): a table source holds "
-                                     "out whole row groups", hint="Give recipe.val_path, or write the dataset in "
-                                     "more row groups (pyarrow.parquet.write_table's row_group_size)")  # fmt: skip
-        return [units[i] for i in sorted(order[num_val:])], [units[i] for i in sorted(order[:num_val])]
-
-    def _row_decoder(self, field: str) -> Any:
-        """A checked row -> its ``(input_ids, labels)`` sequence, cut at ``sequence_length``.
-        A document of one token (nothing to predict) becomes one position with no target."""
-        length = self.settings.sequence_length
-
-        def decode(row: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            sequences = DocumentSequences(self._documents([row], field), length).sequences
-            if sequences:
-                return sequences[0]
-            return torch.tensor([self.pad_id], dtype=torch.long), torch.tensor([IGNORE_INDEX], dtype=torch.long)
-
-        return decode
 
     def _sequences(self, rows: list[Any], field: str) -> Sequences:
         if self.dpo is not None:

@@ -202,10 +202,6 @@ class CausalLMSettings(RecipeSettings):
             raise SkyliftConfigError("data.batching: token_budget sorts every document by length before the first "
                                      f"step, and recipe.train_path {self.train_path} is read as training needs it",
                                      hint="Set data.batching: fixed")  # fmt: skip
-        if self.objective == "dpo":
-            raise SkyliftConfigError(f"recipe.objective: dpo reads preference pairs from a JSONL file; "
-                                     f"recipe.train_path {self.train_path} is a table source",
-                                     hint="Write the pairs as JSONL rows of prompt, chosen and rejected")  # fmt: skip
 
     def _check_dpo(self, config: Any) -> None:
         """What DPO cannot run with: packing, an unmasked prompt, a token budget under a pair, FSDP, and a

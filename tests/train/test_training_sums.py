@@ -42,3 +42,22 @@ def test_one_process_keeps_its_own_sums():
 
     sums = {"count": torch.tensor(3.0)}
     assert _across_ranks(sums, distributed=False) is sums
+
+
+def _evaluating_rank(rank: int, world_size: int, port: int, folder: str) -> None:
+    import torch
+
+    from skylift.train.trainer import _evaluation_totals
+
+    join(rank, world_size, port, timeout_s=60)
+    # Rank 1 held no evaluation batch (fewer row groups than ranks): it knows no names.
+    totals = {"loss_sum": torch.tensor(6.0, dtype=torch.float64), "count": torch.tensor(3.0, dtype=torch.float64)}
+    summed = _evaluation_totals(totals if rank == 0 else {}, distributed=True, device=torch.device("cpu"))
+    with open(f"{folder}/rank{rank}.json", "w", encoding="utf-8") as file:
+        json.dump(summed, file)
+
+
+def test_a_rank_without_evaluation_batches_adds_zeros_instead_of_hanging(tmp_path):
+    spawn_ranks(_evaluating_rank, 2, str(tmp_path))
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"count": 3.0, "loss_sum": 6.0}

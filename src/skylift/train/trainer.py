@@ -331,12 +331,8 @@ class Trainer:
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0) + value.detach().double()
         module.train()
-        keys = sorted(totals)
-        stacked = torch.stack([totals[key] for key in keys]) if keys else torch.zeros(0)
-        if self.runtime.dist.is_distributed:
-            with collective("the evaluation totals (all_reduce)"):
-                dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
-        return self.recipe.summarize(dict(zip(keys, stacked.tolist(), strict=True)))
+        summed = _evaluation_totals(totals, self.runtime.dist.is_distributed, self.runtime.device)
+        return self.recipe.summarize(summed)
 
     def _summarize(self, parts: _Parts, state: TrainState, train_time_s: float, resumed_from: int | None,
                    samples_per_s: float) -> RunSummary:
@@ -430,6 +426,26 @@ def _add_sums(totals: dict[str, torch.Tensor] | None, recipe: Any, batch: Any) -
     if totals is None:
         return {name: value.detach() for name, value in sums.items()}
     return {name: totals[name] + sums[name].detach() for name in totals}
+
+
+def _evaluation_totals(totals: dict[str, torch.Tensor], distributed: bool, device: torch.device) -> dict[str, float]:
+    """The evaluation sums over every rank. A rank can hold no evaluation batch (fewer
+    shards, row groups or rows than ranks): it knows no names, so the ranks first agree on
+    them (each rank's sorted names, gathered), and it adds zeros; an all-reduce of tensors
+    of different lengths would wait forever."""
+    keys = sorted(totals)
+    if distributed:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        with collective("the evaluation totals' names (all_gather_object)"):
+            dist.all_gather_object(gathered, keys)
+        keys = sorted(set().union(*gathered))
+    stacked = (torch.stack([totals[key].to(device) if key in totals else torch.zeros((), dtype=torch.float64,
+                                                                                     device=device) for key in keys])
+               if keys else torch.zeros(0, dtype=torch.float64, device=device))  # fmt: skip
+    if distributed:
+        with collective("the evaluation totals (all_reduce)"):
+            dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+    return dict(zip(keys, stacked.tolist(), strict=True))
 
 
 def _across_ranks(sums: dict[str, torch.Tensor] | None, distributed: bool) -> dict[str, torch.Tensor] | None:

@@ -144,8 +144,10 @@ def test_a_spot_notice_commits_the_adapters_and_exits_143(reference, tmp_path):
         try:
             deadline = time.monotonic() + 300
             while _latest_train_step(run_dir) < ARM_AFTER_STEP:
-                assert family.popen.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the run did not reach the arming step"
+                if family.popen.poll() is not None:
+                    raise AssertionError((tmp_path / "stderr").read_text()[-3000:])
+                if time.monotonic() > deadline:
+                    raise AssertionError("the run did not reach the arming step")
                 family.remember_family(every_s=0.5)
                 time.sleep(0.01)
             deadline_s = server.arm("aws", deadline_in_s=90)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +26,16 @@ from skylift.checkpoint.manifest import committed_steps
 from skylift.config import load_config
 from skylift.data.jsonl_text import IGNORE_INDEX
 from skylift.data.preference import PreferencePairs, encode_preferences, preference_collate, read_preference_rows
-from skylift.errors import SkyliftConfigError
+from skylift.errors import EXIT_REQUEUE, SkyliftConfigError
 from skylift.recipes.causal_lm import CausalLM
 from skylift.recipes.preference import dpo_losses
 from skylift.recipes.tiny_lm import tiny_llama, tiny_preferences, tiny_tokenizer, write_corpus
 from skylift.storage import open_store
-from tests.checkpoint.runs import ONE_THREAD, losses_by_step, run_here, summary
-from tests.conftest import run_cli
+from tests.checkpoint.runs import ONE_THREAD, losses_by_step, records, run_here, summary
+from tests.checkpoint.test_preemption import _environment, _latest_train_step
+from tests.cloud.metadata_server import MetadataServer
+from tests.conftest import REPO_ROOT, run_cli
+from tests.process_family import ProcessFamily
 
 PRESET = "examples/dpo-lora-cpu.yaml"
 UNIT_ROUNDOFF = 2.0**-24
@@ -429,6 +435,47 @@ def test_killed_dpo_run_resumes_exactly(reference, tmp_path):
     assert all(ours[step]["rewards/margins"] == theirs[step]["rewards/margins"] for step in theirs)
     final, want = load_file(run_dir / "model.safetensors"), load_file(reference / "model.safetensors")
     assert final.keys() == want.keys() and all(torch.equal(final[name], want[name]) for name in want)
+
+
+@pytest.mark.slow
+def test_a_spot_notice_commits_and_the_same_command_ends_as_the_uninterrupted_run(reference, tmp_path):
+    """An AWS notice from the loopback metadata server after step 4: the run commits the
+    step it stops at and exits 143; the same command resumes there, and every step's loss
+    and reward margin equals the uninterrupted run's, bit for bit."""
+    arm_after_step = 4
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    polling = "preemption.poll_interval_s=0.05"
+    with MetadataServer() as server, (tmp_path / "stderr").open("w") as stderr:
+        family = ProcessFamily(subprocess.Popen(
+            [sys.executable, "-m", "skylift", *_args(run_dir, polling)], cwd=REPO_ROOT,
+            env={**_environment("aws", server.url), **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=stderr,
+            stdin=subprocess.DEVNULL, start_new_session=True))  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while _latest_train_step(run_dir) < arm_after_step:
+                if family.popen.poll() is not None:
+                    raise AssertionError((tmp_path / "stderr").read_text()[-3000:])
+                if time.monotonic() > deadline:
+                    raise AssertionError("the run did not reach the arming step")
+                family.remember_family(every_s=0.5)
+                time.sleep(0.01)
+            server.arm("aws", deadline_in_s=90)
+            returncode = family.popen.wait(300)
+        finally:
+            family.kill()
+    assert returncode == EXIT_REQUEUE, (tmp_path / "stderr").read_text()[-3000:]
+    (notice,) = records(run_dir, "preemption")
+    stopped_at = _latest_train_step(run_dir)
+    assert arm_after_step <= stopped_at < STEPS
+    assert notice["saved"] and notice["checkpoint_step"] == stopped_at, notice
+    assert committed_steps(open_store(str(run_dir / "checkpoints")))[-1] == stopped_at
+    resumed = run_here(*_args(run_dir, polling))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(run_dir)["resumed_from_step"] == stopped_at
+    assert losses_by_step(run_dir) == losses_by_step(reference)
+    ours, theirs = _train_records(run_dir), _train_records(reference)
+    assert all(ours[step]["rewards/margins"] == theirs[step]["rewards/margins"] for step in theirs)
 
 
 @pytest.mark.slow

@@ -210,6 +210,22 @@ def test_cpu_offload_fits_one_gpu_until_the_nodes_ram_is_short(llama_8b):
     assert "offloaded state" in short.dropped and "node's RAM" in short.dropped
 
 
+
+def test_the_memory_tier_counts_its_copies_against_the_nodes_ram(llama_8b):
+    """checkpoint.memory on 2 nodes of 8 H100s under FSDP: each node holds 3 steps of its
+    ranks' shards and of its peer's (weights and 2 AdamW moments, fp32: 12 B a parameter)."""
+    m = _gpu_measurement(model_bytes=llama_8b.parameters * 4, world_size=1, global_batch_size=16)
+    node = row_target(_h100_node(), m, nodes=2, efficiency=None)
+    sharding = Sharding(shard_count=node.world_size)
+    tiered = replace(llama_8b, checkpoint_in_memory=True)
+    node_share = 12 * llama_8b.parameters // 2
+    assert predict_step(m, replace(node, host_memory_bytes=8 * node_share), memory=tiered,
+                        sharding=sharding).dropped is None  # fmt: skip
+    short = predict_step(m, replace(node, host_memory_bytes=5 * node_share), memory=tiered, sharding=sharding)
+    assert "checkpoint.memory's copies" in short.dropped and "node's RAM" in short.dropped
+    assert predict_step(m, replace(node, host_memory_bytes=5 * node_share), memory=llama_8b,
+                        sharding=sharding).dropped is None  # fmt: skip
+
 def test_plan_command_reports_the_sharding(tmp_path, capsys):
     common = ["plan", str(QUICKSTART), "--epochs", "1", "--bench", str(RECORDED), "--set",
               "distributed.strategy=fsdp", "--machine", "local", "--nproc", "2"]  # fmt: skip

@@ -5,6 +5,7 @@ moments a crash matters. Nothing happens unless ``SKYLIFT_FAULT_INJECTION`` name
 point, for example ``after_payload:step=10:rank=1:action=kill``. Actions: ``kill``
 (SIGKILL this process: no cleanup, no flush, like a lost machine), ``raise`` (an
 ``OSError``), ``enospc`` (``OSError(ENOSPC)``). Several specs separate with commas.
+``restart=N`` matches the Nth restart of an elastic agent's workers (0: the first start).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def fault_point(name: str, **context: int) -> None:
     spec = os.environ.get(FAULT_VARIABLE)
     if not spec:
         return
+    # A worker restarted by its agent counts from 1: ``restart=0`` fires in the first attempt only.
+    context = {"restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), **context}
     for item in spec.split(","):
         point, *conditions = item.strip().split(":")
         if point != name:

@@ -36,6 +36,7 @@ from skylift.checkpoint.manifest import (
     step_folder,
     uncommitted_steps,
 )
+from skylift.checkpoint.memory_tier import SAFE_MARKER
 from skylift.checkpoint.state import Snapshot
 from skylift.checkpoint.tiers import LocalTier
 from skylift.checkpoint.timeline import Forks, retain
@@ -69,6 +70,12 @@ class SaveResult:
         self.uploaded: bool | None = None
         """With a local tier: whether the root's copy committed too (None: no tier)."""
         self.upload_error: str | None = None
+        self.safe: bool | None = None
+        """With a replicated memory tier: whether every node's share reached its peer's memory."""
+        self.safe_s: float | None = None
+        """Seconds from the save's start to *safe* (None: not safe)."""
+        self.safe_at: float | None = None
+        self.safe_error: str | None = None
 
 
 class CheckpointManager:
@@ -195,11 +202,13 @@ class CheckpointManager:
         started = time.perf_counter()
         first = self.tier.store if self.tier is not None else self.store
         entries, error = self._write_files(snapshot, first)
-        result.committed, result.error = self._commit(snapshot.step, entries, error, first, snapshot.layout,
-                                                      snapshot.local_entries)
+        result.committed, result.error, manifest = self._commit(snapshot.step, entries, error, first,
+                                                                snapshot.layout, snapshot.local_entries)
         if result.committed and self.tier is not None:
             result.local_commit_s = time.perf_counter() - started
             result.local_committed_at = time.time()
+            if self.tier.replicates:
+                self._replicate(snapshot.step, manifest, result, started)
             self._upload(snapshot.step, entries, result, snapshot.layout)
         result.write_s = time.perf_counter() - started
         result.finished = True
@@ -246,9 +255,34 @@ class CheckpointManager:
             fault_point("after_upload", step=step, rank=self.rank)
         except Exception as failure:  # noqa: BLE001 - any failure abandons the upload on every rank
             error = f"rank {self.rank}: upload: {type(failure).__name__}: {failure}"
-        result.uploaded, result.upload_error = self._commit(step, entries, error, self.store, layout)
+        result.uploaded, result.upload_error, _ = self._commit(step, entries, error, self.store, layout)
         if not result.uploaded:
             log.error("checkpoint step %d kept only on this node's disk: %s", step, result.upload_error)
+
+    def _replicate(self, step: int, manifest: bytes | None, result: SaveResult, started: float) -> None:
+        """Node leaders send their node's files to the next node's memory; every rank then
+        learns whether the step is *safe* (in two nodes' memory everywhere). Not safe is
+        no failure of the save: it stays committed locally and is uploaded as ever."""
+        tier = self.tier
+        assert tier is not None and manifest is not None
+        error = None
+        if tier.node_leader:
+            try:
+                tier.replicate(step, manifest, check=self._raise_if_cancelled, rank=self.rank)
+            except Exception as failure:  # noqa: BLE001 - reported to every rank; the save itself stands
+                error = f"node {getattr(tier, 'node_rank', 0)}: {type(failure).__name__}: {failure}"
+        errors = [report[1] for report in self._gather(({}, error), "the replica reports (all_gather)") if report[1]]
+        result.safe = not errors
+        if errors:
+            result.safe_error = "; ".join(errors)
+            log.warning("checkpoint step %d is not safe (in one node's memory only): %s", step, result.safe_error)
+            return
+        result.safe_s, result.safe_at = time.perf_counter() - started, time.time()
+        if self.rank == 0:
+            try:  # for a resume that finds this step nowhere: it says which one it passed over
+                self.store.write_bytes(SAFE_MARKER, f"{step_folder(step)}\n".encode())
+            except Exception as failure:  # noqa: BLE001 - a marker only; the upload reports a store that is down
+                log.warning("could not record step %d as safe at the root: %s", step, failure)
 
     def _cancellable(self, make_chunks: Chunks) -> Chunks:
         """Chunks that stop at a cancel: an emergency save must not first wait for the
@@ -273,8 +307,9 @@ class CheckpointManager:
         store: Store,
         layout: str,
         local_entries: dict[str, dict[str, Any]] | None = None,
-    ) -> tuple[bool, str | None]:
-        """All ranks report; rank 0 writes ``store``'s manifest if every rank succeeded."""
+    ) -> tuple[bool, str | None, bytes | None]:
+        """All ranks report; rank 0 writes ``store``'s manifest if every rank succeeded.
+        Returns (committed, the error, the manifest's bytes)."""
         reports = self._gather((entries, error))
         decision: list[Any] = [False, None, None]
         if self.rank == 0:
@@ -294,10 +329,10 @@ class CheckpointManager:
             if decision[0] and decision[2] is not None:
                 tier.write_manifest(step, decision[2])
                 tier.drop_mismatches(step, decision[2], local_entries or {})
-                retain(tier.store, self.keep, self.timeline)
+                retain(tier.store, tier.keep or self.keep, self.timeline)
             elif not decision[0]:
                 tier.discard(step)
-        return bool(decision[0]), decision[1]
+        return bool(decision[0]), decision[1], decision[2]
 
     def _write_manifest(
         self, step: int, reports: list[tuple[dict, str | None]], store: Store, layout: str
@@ -312,7 +347,8 @@ class CheckpointManager:
             written = True
             fault_point("after_manifest", step=step, rank=self.rank)
             store.write_bytes(LATEST, f"{step_folder(step)}\n".encode())
-            retain(store, self.keep, self.timeline)
+            tier_keep = self.tier.keep if self.tier is not None and store is self.tier.store else None
+            retain(store, tier_keep or self.keep, self.timeline)
         except Exception as failure:  # noqa: BLE001 - reported to every rank, which then agree on the outcome
             if written or _exists_or_false(store, f"{step_folder(step)}/{MANIFEST}"):
                 # Committed; only LATEST or retention failed, which the next save repairs.
@@ -327,11 +363,12 @@ class CheckpointManager:
         except Exception as failure:  # noqa: BLE001 - the next start removes it; never mask the save error
             log.warning("could not remove abandoned %s: %s", store.describe(step_folder(step)), failure)
 
-    def _gather(self, report: tuple[dict, str | None]) -> list[tuple[dict, str | None]]:
+    def _gather(self, report: tuple[dict, str | None],
+                name: str = "the checkpoint write reports (all_gather)") -> list[tuple[dict, str | None]]:
         if self.world_size == 1:
             return [report]
         reports: list[Any] = [None] * self.world_size
-        with collective("the checkpoint write reports (all_gather)"):
+        with collective(name):
             dist.all_gather_object(reports, report, group=self._group)
         return reports
 

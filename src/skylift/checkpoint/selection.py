@@ -164,11 +164,18 @@ class ResumeSelection:
         """Every rank learns the current timeline, the candidates and the existing steps."""
         found, recorded, error = [], None, None
         try:
-            if self.context.is_main:
-                found += listed(self.store)
-                recorded = read_recorded(self.store)
             if self.tier is not None and self.tier.node_leader:
                 found += listed(self.tier.store)
+        except (StorageError, TimelineError) as failure:
+            error = failure
+        # A step some node holds locally has the same timeline in its manifest there: the
+        # root's copy of that manifest is not read (a resume from memory reads nothing).
+        held = frozenset(item.step for report in self._gather_all(found) for item in report
+                         if item.forks is not None) if self.tier is not None else frozenset()  # fmt: skip
+        try:
+            if self.context.is_main and error is None:
+                found += listed(self.store, known=held)
+                recorded = read_recorded(self.store)
         except (StorageError, TimelineError) as failure:
             error = failure
         reports = self._gather_all((found, recorded, None if error is None else str(error)))
@@ -205,9 +212,9 @@ class ResumeSelection:
             return None, None, str(error), None
         except StorageError as error:
             return None, None, None, error
-        if local is not None:
+        if self.tier is not None and local is not None:
             from_local = sum(source == "local" for source in sources.values())
-            self.resumed_from = f": {from_local} of {len(sources)} files from the local copy {local.url}"
+            self.resumed_from = f": {from_local} of {len(sources)} files from the {self.tier.copy_name} {local.url}"
         return manifest, contents, None, None
 
     def _refuse_existing(self) -> None:

@@ -23,6 +23,7 @@ from skylift.checkpoint import compatibility
 from skylift.checkpoint.lease import FencedStore, LeaseHeldError, RunLease
 from skylift.checkpoint.manager import CheckpointManager, SaveResult
 from skylift.checkpoint.manifest import CorruptCheckpointError, Manifest, step_folder
+from skylift.checkpoint.memory_tier import MemoryTier, check_budget, join_ring, passed_over_safe_step, refuse_misuse
 from skylift.checkpoint.selection import ResumeSelection
 from skylift.checkpoint.sharded import capture_sharded, is_sharded, restore_sharded
 from skylift.checkpoint.state import (
@@ -92,6 +93,9 @@ class Checkpointing:
         self.store: Store = open_store(config.root or str(run_dir / "checkpoints"), endpoint_url=config.endpoint_url)
         commit_group = dist.new_group(backend="gloo") if context.is_distributed else None
         self.tier = self._local_tier(config, context)
+        if isinstance(self.tier, MemoryTier):
+            timeout_s = run_config.distributed.timeout_s if run_config is not None else 600.0
+            join_ring(self.tier, context.node_rank, self._gather_all, timeout_s=timeout_s)
         self.lease = RunLease(self.store, ttl_s=config.lease_ttl_s) if context.is_main else None
         self.manager = CheckpointManager(
             FencedStore(self.store, self.lease),  # a job that lost the lease writes nothing more
@@ -115,6 +119,7 @@ class Checkpointing:
         self.selection = ResumeSelection(config.resume, self.store, self.tier, context, self._gather_all,
                                          self._broadcast)
         self._last_save_time = time.monotonic()
+        self.resumed_manifest: Manifest | None = None  # as read (from whichever copy verified)
         self.stall_between_steps_s = 0.0
         self.stall_in_optimizer_s = 0.0
 
@@ -142,11 +147,15 @@ class Checkpointing:
             objects.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self._sharded = is_sharded(objects.model)
         built = compatibility.OptimizerSettings(objects.optimizer, objects.scheduler)  # before a load replaces them
+        if isinstance(self.tier, MemoryTier):
+            check_budget(self.tier, objects, self._sharded, self.context, self._gather_all)
         restored = self._select_and_restore(objects)
+        if isinstance(self.tier, MemoryTier) and self.context.is_main:
+            passed_over_safe_step(self.store, restored[0] if restored is not None else None)
         self.manager.timeline = self.selection.continue_timeline(restored[3] if restored is not None else None)
         if restored is None:
             return None
-        step, contents, counters, _ = restored
+        step, contents, counters, self.resumed_manifest = restored
         if self._changed:
             built.put_back(self._changed, objects.optimizer, objects.scheduler)
         self._restore_rng(contents, step)
@@ -295,7 +304,11 @@ class Checkpointing:
         if self.tier is None:
             return {}
         local_s = None if result.local_commit_s is None else round(result.local_commit_s, 4)
-        return {"local_commit_s": local_s, "uploaded": result.uploaded, "upload_error": result.upload_error}
+        fields = {"local_commit_s": local_s, "uploaded": result.uploaded, "upload_error": result.upload_error}
+        if self.tier.replicates:
+            fields.update(safe=result.safe, safe_s=None if result.safe_s is None else round(result.safe_s, 4),
+                          safe_error=result.safe_error)
+        return fields
 
     def due(self, state: TrainState, decision: Decision) -> bool:
         """Whether to save at this step (the same answer on every rank).
@@ -393,6 +406,8 @@ class Checkpointing:
             "notice_to_commit_s": round((local_at or now) - noticed_at_s, 3),
             **({"notice_to_upload_s": round(now - noticed_at_s, 3) if result and result.uploaded else None}
                if self.tier is not None else {}),
+            **({"notice_to_safe_s": round(result.safe_at - noticed_at_s, 3) if result and result.safe_at else None}
+               if self.tier is not None and self.tier.replicates else {}),
             "time": now,
         }
 
@@ -404,6 +419,8 @@ class Checkpointing:
 
     def close(self) -> None:
         self.manager.close()
+        if isinstance(self.tier, MemoryTier):
+            self.tier.close()
         if self.lease is not None:
             self.lease.release()
 
@@ -416,6 +433,9 @@ class Checkpointing:
         return values
 
     def _local_tier(self, config: CheckpointConfig, context: DistributedContext) -> LocalTier | None:
+        if config.memory.enabled:
+            refuse_misuse(self.store, config.local_root)
+            return MemoryTier(config.memory, self.store, node_leader=context.local_rank == 0)
         if config.local_root is None:
             return None
         if isinstance(self.store, LocalStore):

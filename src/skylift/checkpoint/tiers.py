@@ -50,10 +50,19 @@ class LocalTier:
         node_leader: this process tends the node's folder (local rank 0).
     """
 
+    setting = "checkpoint.local_root"
+    copy_name = "local copy"
+
+    keep: int | None = None
+    """Committed steps kept here; None: ``checkpoint.keep``, as at the root."""
+
+    replicates = False
+    """Whether each local commit goes on to a peer node (the memory tier's)."""
+
     def __init__(self, local_root: str, remote: Store, *, node_leader: bool) -> None:
         if "://" in local_root:
             raise SkyliftConfigError(
-                f"checkpoint.local_root: {local_root!r} is a URL; it must be a folder on this node's disk"
+                f"{self.setting}: {local_root!r} is a URL; it must be a folder on this node"
             )
         run_key = hashlib.sha256(remote.url.encode()).hexdigest()[:16]
         # The root's manifest is the manager's commit, after every rank's upload: this
@@ -73,6 +82,10 @@ class LocalTier:
             CorruptCheckpointError: a local file changed since it was written.
         """
         self._mirror.upload_files(step, entries, wrap)
+
+    def replicate(self, step: int, manifest: bytes, check: Callable[[], None], rank: int) -> int:
+        """Send this node's files of ``step`` on to a peer node (tiers that replicate)."""
+        raise NotImplementedError(f"{type(self).__name__} does not replicate")
 
     def write_manifest(self, step: int, manifest: bytes) -> None:
         """The local commit point on a node other than rank 0's (rank 0 commits through the manager)."""

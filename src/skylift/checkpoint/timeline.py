@@ -78,9 +78,9 @@ class Listed:
     created_at: float = 0.0
 
 
-def listed(store: Store) -> list[Listed]:
-    """Every committed checkpoint of ``store``, oldest first, with its timeline (one small
-    read per checkpoint).
+def listed(store: Store, known: frozenset[int] = frozenset()) -> list[Listed]:
+    """Every committed checkpoint of ``store`` but those of steps in ``known``, oldest
+    first, with its timeline (one small read per checkpoint).
 
     Raises:
         StorageError: a manifest could not be read (access denied, an endpoint that does
@@ -88,6 +88,8 @@ def listed(store: Store) -> list[Listed]:
     """
     found = []
     for step in committed_steps(store):
+        if step in known:
+            continue
         try:
             manifest = read_manifest(store, step)
         except (CorruptCheckpointError, UnsafeNameError):  # altered or torn: never resumed

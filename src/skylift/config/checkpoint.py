@@ -9,7 +9,34 @@ from pydantic import Field, field_validator
 from skylift.cloud.vendors import cloud_names, cloud_vendor
 from skylift.config.section import Section
 
-__all__ = ["CheckpointConfig", "PreemptionConfig"]
+__all__ = ["CheckpointConfig", "MemoryTierConfig", "PreemptionConfig"]
+
+
+class MemoryTierConfig(Section):
+    """A copy of every checkpoint in this node's memory, sent on to the next node's memory.
+
+    A save then counts as *safe* once every node's share is in two nodes' memory (seconds),
+    and *durable* once the object store's manifest is committed (minutes for a large
+    model). A restart of crashed workers, or the survivors of a lost node, resume from
+    memory without reading the object store; a whole-job restart on new machines resumes
+    from the object store, which stays the truth."""
+
+    enabled: bool = False
+    """Commit every checkpoint to host memory first (a tmpfs folder), in front of an
+    object-store ``checkpoint.root``."""
+
+    root: str = "/dev/shm/skylift"
+    """The tmpfs folder that holds the copies. It outlives the worker processes (a crash
+    and restart reads it back) but not the machine. Its size limit (tmpfs: half the RAM by
+    default) bounds what fits: the start refuses a run whose checkpoints would not."""
+
+    replicate: bool = True
+    """Send each node's share to the next node's memory (ring order over nodes) over a
+    TCP connection beside training; off: a copy on this node only (never *safe*)."""
+
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port each node's receiver listens on; 0: any free port (the nodes tell each
+    other theirs over the job's own process group). Set one where a firewall needs it."""
 
 
 class CheckpointConfig(Section):
@@ -33,6 +60,10 @@ class CheckpointConfig(Section):
     from ``root``. Pays off where the disk outlives the process: a crash or OOM restart
     on the same machine, or a spot VM that is stopped rather than deleted (GCP's and
     Azure's default; AWS with interruption behaviour ``stop``). ``null``: off."""
+
+    memory: MemoryTierConfig = Field(default_factory=MemoryTierConfig)
+    """The in-memory tier, replicated to a peer node (see the docs page "Checkpoints and
+    preemption": what survives which failure)."""
 
     every_steps: int | None = Field(default=None, ge=1)
     """Save every this many optimizer steps (``null``: not by step count)."""

@@ -110,6 +110,7 @@ def trace_model_memory(config: RunConfig, micro_batch_size: int, *, sharded: boo
     model, batch, loss = meta_model_and_batch(config, micro_batch_size)
     blocks = select_blocks(model, config.distributed.fsdp.block_types) if sharded else None
     adapters = _adapters(config, model) | _reference(config, model)
+    adapters["checkpoint_in_memory"] = config.checkpoint.enabled and config.checkpoint.memory.enabled
     if config.recipe.name == "causal_lm":
         # On meta, attention takes the math path, which saves the sequence-squared score
         # matrix that a GPU's fused kernels never hold, and activation checkpointing does

@@ -30,11 +30,15 @@ def gather_disks(config: RunConfig | None) -> list[DiskFacts]:
     local = _local_checkpoint_folder(config, run_dir) if config is not None else None
     if local is not None:
         folders.append(("checkpoint_local", local))
+    if config is not None and config.checkpoint.enabled and config.checkpoint.memory.enabled:
+        folders.append(("checkpoint_memory", Path(config.checkpoint.memory.root)))  # a tmpfs: host memory
     return [_disk(purpose, folder) for purpose, folder in folders]
 
 
 def _local_checkpoint_folder(config: RunConfig, run_dir: Path) -> Path | None:
     checkpoint = config.checkpoint
+    if checkpoint.memory.enabled and "://" in (checkpoint.root or ""):
+        return None  # the memory tier holds the local copies (see "checkpoint_memory")
     if checkpoint.local_root:
         return Path(os.path.expanduser(checkpoint.local_root))
     root = checkpoint.root or ""

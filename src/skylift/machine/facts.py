@@ -84,7 +84,7 @@ class ShmFacts(_Facts):
     free_bytes: int | None = None
 
 
-DiskPurpose = Literal["run_dir", "cache", "checkpoint_local"]
+DiskPurpose = Literal["run_dir", "cache", "checkpoint_local", "checkpoint_memory"]
 
 
 class DiskFacts(_Facts):

@@ -58,10 +58,12 @@ from typing import Any
 
 __all__ = [
     "MEMORY_HEADROOM",
+    "MEMORY_TIER_COPIES",
     "MemoryBreakdown",
     "ModelMemory",
     "Sharding",
     "fits_device",
+    "memory_tier_bytes",
     "nf4_bytes_per_parameter",
     "optimizer_state_copies",
     "training_memory",
@@ -165,6 +167,8 @@ class ModelMemory:
     only, ``cached_cast`` in ``aten/src/ATen/autocast_mode.cpp``), so none is kept."""
     adapters: str | None = None
     """What trains instead of the whole model, in words ("LoRA", "QLoRA ..."); ``None``: every weight."""
+    checkpoint_in_memory: bool = False
+    """``checkpoint.memory``: the node's checkpoints in host memory (:func:`memory_tier_bytes`)."""
     reference_weight_bytes: int = 0
     """DPO's frozen reference copy (``recipe.dpo.reference: frozen_copy``): every weight
     again as stored, never trained nor sharded; 0 with adapters, whose reference is the
@@ -294,6 +298,29 @@ def unsharded_bytes(model: ModelMemory, sharding: Sharding, *, half_precision: b
     end = (compute + reduce) * root
     accumulated = model.trainable_parameters * reduce if accumulating and not sharding.reduce_every_micro_step else 0
     return max(forward, backward, end) + accumulated
+
+
+MEMORY_TIER_COPIES = 3
+"""Steps ``checkpoint.memory`` holds in a node's memory at its peak: the newest two
+committed and the one being written (skylift.checkpoint.memory_tier)."""
+
+
+def memory_tier_bytes(checkpoint_bytes_per_rank: int, *, sharded: bool, ranks_per_node: int, nodes: int) -> int:
+    """Host memory ``checkpoint.memory`` takes on one node: :data:`MEMORY_TIER_COPIES`
+    steps of the node's share and of its ring predecessor's.
+
+    A node's share is its ranks' shards under FSDP, the whole (replicated) state under
+    DDP, which every node writes itself, so a peer then sends only a few per-rank files.
+
+    Example:
+        >>> memory_tier_bytes(100, sharded=True, ranks_per_node=8, nodes=2)
+        4800
+        >>> memory_tier_bytes(800, sharded=False, ranks_per_node=8, nodes=2)
+        2400
+    """
+    node = checkpoint_bytes_per_rank * ranks_per_node if sharded else checkpoint_bytes_per_rank
+    peer = node if sharded and nodes > 1 else 0
+    return MEMORY_TIER_COPIES * (node + peer)
 
 
 @dataclass(frozen=True, kw_only=True)

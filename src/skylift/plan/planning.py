@@ -238,6 +238,9 @@ def _memory_assumption(memory: ModelMemory | None, sharding: Sharding | None) ->
         from skylift.doctor.rules.resources import format_bytes
 
         adapters += f"; DPO's frozen reference copy of the weights ({format_bytes(memory.reference_weight_bytes)})"
+    if memory.checkpoint_in_memory:
+        adapters += ("; checkpoint.memory's copies in the node's RAM (3 steps of the node's share of the checkpoint, "
+                     "and of its peer's under FSDP)")
     if memory.saved_float_elements_per_sample is None:
         how = ("sharded over each candidate's ranks (FSDP2) with what a rank gathers" if sharding else
                "with DDP buckets and half weight copies")  # fmt: skip

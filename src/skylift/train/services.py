@@ -179,11 +179,9 @@ class RunServices:
             if objects is None:
                 raise ValueError("checkpoint.enabled: resume needs the model, optimizer and loader to restore")
             self.resumed_from_step = self.checkpointing.resume(objects, state)
-            if self.membership is not None and self.resumed_from_step is not None:
-                from skylift.checkpoint.manifest import read_manifest
-
-                self.membership.resumed(self.resumed_from_step,
-                                        read_manifest(self.checkpointing.store, self.resumed_from_step))
+            resumed = self.checkpointing.resumed_manifest
+            if self.membership is not None and self.resumed_from_step is not None and resumed is not None:
+                self.membership.resumed(self.resumed_from_step, resumed)
         self.start(state)
         return self.resumed_from_step
 

@@ -61,3 +61,21 @@ def test_workers_beyond_the_cpus_warn():
     facts.job.nproc, facts.job.num_workers = 2, 8
     verdict = only(facts, "cpus")
     assert verdict.status == "warn" and verdict.fix == "set data.num_workers: 3 (or auto)"
+
+
+def test_the_memory_tier_counts_three_steps_of_its_share_against_the_tmpfs():
+    facts = load_facts("a100_bf16")
+    checkpoint = facts.job.memory.checkpoint_bytes  # DDP: the node writes the whole state itself
+    facts.disks.append(DiskFacts(purpose="checkpoint_memory", path="/dev/shm/skylift", device=9,
+                                 free_bytes=3 * checkpoint - 1))  # fmt: skip
+    [verdict] = [verdict for verdict in verdicts_of(facts, "disk") if verdict.status != "pass"]
+    assert verdict.status == "fail" and "checkpoint_memory" in verdict.reason
+    assert "mount -o remount,size=" in verdict.fix and "checkpoint.memory.enabled: false" in verdict.fix
+    facts.disks[-1].free_bytes = 3 * checkpoint
+    assert {verdict.status for verdict in verdicts_of(facts, "disk")} == {"pass"}
+    # FSDP over two nodes: the node's shards and its peer's, three steps of each.
+    facts.job.memory.shard_count, facts.job.nnodes = facts.job.nproc * 2, 2
+    facts.disks[-1].free_bytes = 3 * checkpoint  # a node's share is half the checkpoint: 3 x (1/2 + 1/2)
+    assert {verdict.status for verdict in verdicts_of(facts, "disk")} == {"pass"}
+    facts.disks[-1].free_bytes = 3 * checkpoint - 2 * facts.job.nproc
+    assert "fail" in {verdict.status for verdict in verdicts_of(facts, "disk")}

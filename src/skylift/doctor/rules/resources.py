@@ -6,7 +6,7 @@ import math
 
 from skylift.doctor.verdicts import Finding, rule
 from skylift.machine.facts import DiskFacts, Facts, JobFacts, MemoryEstimate
-from skylift.machine.memory import MEMORY_HEADROOM, fits_device
+from skylift.machine.memory import MEMORY_HEADROOM, fits_device, memory_tier_bytes
 
 __all__ = [
     "PREFETCH_FACTOR",
@@ -101,7 +101,11 @@ def _disk_needs(
 ) -> dict[int | None, tuple[DiskFacts, int, list[str]]]:
     """Bytes each file system must hold, keyed by device: folders on one disk add up."""
     checkpoint = job.memory.checkpoint_bytes if job.memory else 0
-    wanted = {"cache": job.cache_bytes, "checkpoint_local": copies * checkpoint if job.checkpoint_local else 0}
+    shards = job.memory.shard_count if job.memory else 1
+    wanted = {"cache": job.cache_bytes, "checkpoint_local": copies * checkpoint if job.checkpoint_local else 0,
+              # checkpoint.memory keeps a fixed number of steps, its node's share and its peer's
+              "checkpoint_memory": memory_tier_bytes(checkpoint // max(shards, 1), sharded=shards > 1,
+                                                     ranks_per_node=job.nproc, nodes=job.nnodes)}  # fmt: skip
     needs: dict[int | None, tuple[DiskFacts, int, list[str]]] = {}
     for disk in disks:
         amount = wanted.get(disk.purpose, 0)
@@ -127,6 +131,9 @@ def disk_fits_cache_and_checkpoints(facts: Facts) -> list[Finding] | None:
             continue
         where = f"{disk.path} ({format_bytes(free)} free)"
         fix = "free space there, point checkpoint.root at an object store (s3://...) or lower data.cache_limit_gib"
+        if any(part.startswith("checkpoint_memory") for part in parts):
+            fix = ("enlarge the tmpfs (mount -o remount,size=NG on its mount point), use nodes with more memory, "
+                   "or set checkpoint.memory.enabled: false")
         wanted = comfortable.get(device, (disk, need, parts))[1]
         if free < need:
             findings.append(Finding("fail", f"{where} cannot hold {format_bytes(need)}: {', '.join(parts)}", fix))

@@ -8,7 +8,7 @@ for and differs from its peer's, as under FSDP. Each save goes through skylift's
 boundary, blocking (the path a spot notice takes), to:
 
 * ``memory``: ``checkpoint.memory`` (tmpfs under /dev/shm, replicated to the other
-  process over TCP) in front of S3 on moto: ``commit_s`` to the node's memory, ``safe_s``
+  process over TCP) in front of S3 on moto (on rclone above ``--no-s3-above-gb``): ``commit_s`` to the node's memory, ``safe_s``
   to both nodes' memory, ``durable_s`` to the S3 manifest;
 * ``disk``: ``checkpoint.local_root`` on the system's temp folder, in front of S3 on
   moto: ``commit_s`` to the node disk;
@@ -102,7 +102,7 @@ def worker(rank: int, port: int, size_gb: float, roots: dict[str, str], out: str
         manager.wait()
         return result
 
-    figures: dict[str, Any] = {"layers": layers, "step_s": statistics.median(step_times)}
+    figures: dict[str, Any] = {"layers": layers, "step_s": statistics.median(step_times), "tiers_upload_to": roots["behind"]}
     moto = open_store(roots["memory_root"], endpoint_url=roots["moto_endpoint"])
     memory = MemoryTier(MemoryTierConfig(enabled=True, root=f"{roots['memory']}/node{rank}"), moto, node_leader=True)
     join_ring(memory, rank, gather, timeout_s=600)
@@ -169,24 +169,27 @@ def measure(size_gb: float, with_s3: bool) -> dict[str, Any]:
     (moto and rclone) with ``with_s3``."""
     import torch.multiprocessing as mp
 
-    moto = s3_target()
-    rclone = s3_rclone_target() if with_s3 else None
+    # moto keeps every object in this machine's memory: above --no-s3-above-gb the tiers
+    # upload to rclone (objects on disk) instead, and the direct S3 saves are left out.
+    moto = s3_target() if with_s3 else None
+    rclone = s3_rclone_target()
+    behind = moto or rclone
     scratch = tempfile.mkdtemp(prefix="skylift-bench-disk-")
     memory = f"/dev/shm/skylift-bench-{uuid.uuid4().hex[:8]}"
     out = os.path.join(scratch, "figures.json")
-    roots = {"memory": memory, "disk": scratch, "moto_endpoint": moto.endpoint_url or "",
-             "memory_root": moto.url, "s3_moto": moto.url if with_s3 else "",
-             "s3_rclone": rclone.url if rclone is not None else "",
-             "rclone_endpoint": (rclone.endpoint_url or "") if rclone is not None else ""}  # fmt: skip
+    roots = {"memory": memory, "disk": scratch, "moto_endpoint": behind.endpoint_url or "",
+             "memory_root": behind.url, "behind": "moto" if moto else "rclone",
+             "s3_moto": moto.url if moto is not None else "", "s3_rclone": rclone.url if with_s3 else "",
+             "rclone_endpoint": rclone.endpoint_url or ""}  # fmt: skip
     try:
         mp.spawn(worker, args=(_free_port(), size_gb, roots, out), nprocs=2)
         return dict(json.loads(Path(out).read_text()))
     finally:
         shutil.rmtree(memory, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-        moto.close()
-        if rclone is not None:
-            rclone.close()
+        if moto is not None:
+            moto.close()
+        rclone.close()
 
 
 def _row(size: float, figures: dict[str, Any]) -> str:
@@ -203,29 +206,33 @@ def _row(size: float, figures: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 0.5, 1.0])
+    parser.add_argument("--sizes-gb", type=float, nargs="+", default=[0.1, 0.5, 1.0, 1.5])
     parser.add_argument("--no-s3-above-gb", type=float, default=1.0,
                         help="larger sizes skip the direct S3 saves (moto keeps objects in memory)")
     parser.add_argument("--quick", action="store_true", help="0.02 GB only")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     sizes = [0.02] if args.quick else args.sizes_gb
-    results = {}
+    results: dict[str, Any] = {}
+    report = {"config": {**environment(1, ("torch", "moto")), "sizes_gb": sizes,
+                         "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg()},
+              "results": results}  # fmt: skip
     for size in sizes:
         print(f"measuring {size} GB per node ...", flush=True)
-        results[str(size)] = measure(size, with_s3=size <= args.no_s3_above_gb)
+        try:
+            results[str(size)] = measure(size, with_s3=size <= args.no_s3_above_gb)
+        except Exception as failure:  # noqa: BLE001 - a size this machine cannot hold is a result too
+            results[str(size)] = {"failed": f"{type(failure).__name__}: {failure}"}
+        if not args.quick:  # each size as it ends: a later one that runs out of memory loses nothing
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
     header = ("| GB per node | to safe (memory, 2 nodes) s | to memory s | to node disk s | to S3 moto s | "
               "to S3 rclone s | memory tier to durable (moto) s | stall / 50 steps | restore from peer s | "
               "restore from S3 s |\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     print(header)
     for size, figures in results.items():
-        print(_row(float(size), figures))
-    report = {"config": {**environment(1, ("torch", "moto")), "sizes_gb": sizes,
-                         "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg()},
-              "results": results}  # fmt: skip
+        print(_row(float(size), figures) if "failed" not in figures else f"| {size} | failed: {figures['failed']} |")
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0
 

@@ -134,3 +134,15 @@ def test_the_memory_tier_in_front_of_a_local_folder_is_a_clear_error(tmp_path, c
                              f"checkpoint.memory.root={tmp_path / 'shm'}")
     assert result.returncode == 2
     assert "checkpoint.memory.enabled" in result.stderr and "object store" in result.stderr
+
+
+def test_a_resume_that_finds_the_safe_step_nowhere_says_which_step_it_passed_over(tmp_path, caplog):
+    from skylift.checkpoint.memory_tier import SAFE_MARKER, passed_over_safe_step
+
+    root = open_store(str(tmp_path / "root"))
+    assert passed_over_safe_step(root, 14) is None  # never safe: nothing to say
+    root.write_bytes(SAFE_MARKER, b"step-21\n")
+    line = passed_over_safe_step(root, 14)
+    assert line is not None and line.startswith("step 21 was safe in memory, but no node of this job holds it now")
+    assert "resumed from step 14, the newest durable checkpoint" in line and line in caplog.text
+    assert passed_over_safe_step(root, 21) is None

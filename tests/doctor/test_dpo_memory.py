@@ -44,3 +44,10 @@ def test_the_plan_says_it_counted_the_reference_copy(tmp_path):
 
     memory = trace_model_memory(load_config(PRESET, [f"run_dir={tmp_path}", *WITHOUT_ADAPTERS]), 8)
     assert "DPO's frozen reference copy of the weights (591 KiB)" in _memory_assumption(memory, None)
+
+
+def test_under_fsdp_each_rank_holds_its_shard_of_the_frozen_copy(tmp_path):
+    whole = estimate_memory(load_config(PRESET, [f"run_dir={tmp_path}", *WITHOUT_ADAPTERS]), 8, 2)
+    sharded = estimate_memory(load_config(PRESET, [f"run_dir={tmp_path}", *WITHOUT_ADAPTERS,
+                                                   "distributed.strategy=fsdp"]), 8, 2)  # fmt: skip
+    assert sharded.reference_bytes == whole.reference_bytes // 2 > 0

@@ -289,8 +289,6 @@ def test_a_pair_is_one_sample_and_a_batch_keeps_its_pairs_whole(tmp_path):
     (["data.batching=token_budget", "data.max_tokens=48"],
      "data.max_tokens (48) is under two recipe.sequence_length (64): a DPO pair is two sequences",
      "Raise data.max_tokens to 64 or more"),
-    (["recipe.lora=null", "distributed.strategy=fsdp"],
-     "distributed.strategy: fsdp with recipe.objective: dpo and no recipe.lora", "Set recipe.lora"),
 ])  # fmt: skip
 def test_settings_dpo_cannot_run_with_are_refused_with_the_fix(tmp_path, overrides, problem, hint):
     with pytest.raises(SkyliftConfigError) as refused:
@@ -480,25 +478,30 @@ def test_a_spot_notice_commits_and_the_same_command_ends_as_the_uninterrupted_ru
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp_full"])
 def test_killed_two_rank_dpo_run_resumes_exactly(tmp_path, cli, strategy):
-    """2 gloo ranks, DDP over the adapters or FSDP2 sharding the base (the reference is the
-    sharded base with its adapters off): SIGKILL after step 8's manifest, then the same
-    command; every step's loss and rewards and the final adapters equal an uninterrupted
-    2-rank run's."""
+    """2 gloo ranks, DDP over the adapters, FSDP2 sharding the base (the reference is the
+    sharded base with its adapters off), or FSDP2 training every weight (the reference is a
+    frozen copy of the starting model, sharded as the policy): SIGKILL after step 8's
+    manifest, then the same command; every step's loss and rewards and the final weights
+    equal an uninterrupted 2-rank run's."""
     env = {"OMP_NUM_THREADS": "1"}
     whole = tmp_path / "whole"
-    sharding = f"distributed.strategy={strategy}"
-    result = cli(*_args(whole, sharding), "--nproc", "2", env=env)
+    sharding = [f"distributed.strategy={strategy.removesuffix('_full')}"]
+    if strategy == "fsdp_full":
+        sharding += ["recipe.lora=null", "recipe.dpo.reference=null"]
+    result = cli(*_args(whole, *sharding), "--nproc", "2", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    if strategy == "fsdp_full":
+        assert "fsdp: DPO's frozen reference copy sharded as the model" in result.stderr
     if strategy == "ddp":
         assert summary(whole)["replicas_agree"] is True
     run_dir = tmp_path / "run"
-    killed = cli(*_args(run_dir, sharding), "--nproc", "2",
+    killed = cli(*_args(run_dir, *sharding), "--nproc", "2",
                  env={**env, "SKYLIFT_FAULT_INJECTION": f"after_manifest:step={KILLED_AT}"})
     assert killed.returncode != 0, killed.stderr[-3000:]
     assert committed_steps(open_store(str(run_dir / "checkpoints")))[-1] == KILLED_AT
-    resumed = cli(*_args(run_dir, sharding), "--nproc", "2", env=env)
+    resumed = cli(*_args(run_dir, *sharding), "--nproc", "2", env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert summary(run_dir)["resumed_from_step"] == KILLED_AT
     assert losses_by_step(run_dir) == losses_by_step(whole)

@@ -73,7 +73,7 @@ def execute(args: argparse.Namespace) -> int:
                                enforce=not args.no_doctor)  # fmt: skip
     from skylift.launch.notice_relay import NoticeRelay
 
-    lease = _take_lease() if (topology.nnodes or 1) == 1 else None
+    lease = _take_lease() if _holds_the_lease(topology) else None
     relay = NoticeRelay()
     # The workers die with this process (a kill -9 of it leaves none training) and read the relayed notice.
     os.environ.update({LAUNCHER_PID_VARIABLE: str(os.getpid()), **relay.environment()})
@@ -87,12 +87,21 @@ def execute(args: argparse.Namespace) -> int:
     return _after_a_notice(code, relay)
 
 
+def _holds_the_lease(topology: Any) -> bool:
+    """Whether this launcher takes the job's lease: one launcher per job does. Each node of
+    a multi-node job runs its own, so node 0's takes it for a fixed-size job (global rank
+    0 is on it); an elastic job's nodes get their ranks only at the rendezvous, so there a
+    skylift Runtime's rank 0 takes it, wherever it lands."""
+    if (topology.nnodes or 1) == 1:
+        return True
+    return topology.elastic is None and (topology.node_rank or 0) == 0
+
+
 def _take_lease() -> Any:
     """The checkpoint root's run lease, for whatever the workers run (None without a root).
 
-    One node only: each node of a multi-node job runs its own launcher, and one lease per
-    launcher would refuse the other nodes. There, a skylift Runtime's workers take the
-    job's lease on rank 0, as they do without ``skylift launch``."""
+    Taken by one launcher per job (:func:`_holds_the_lease`): one lease per launcher would
+    refuse the job's other nodes."""
     from skylift.config.script_environment import ScriptEnvironment
     from skylift.launch.run_lease import take_launch_lease
 

@@ -171,7 +171,7 @@ class ModelMemory:
     """``checkpoint.memory``: the node's checkpoints in host memory (:func:`memory_tier_bytes`)."""
     reference_weight_bytes: int = 0
     """DPO's frozen reference copy (``recipe.dpo.reference: frozen_copy``): every weight
-    again as stored, never trained nor sharded; 0 with adapters, whose reference is the
+    again as stored, never trained (sharded as the policy under FSDP); 0 with adapters, whose reference is the
     base itself with the adapters off."""
 
     @property
@@ -347,7 +347,8 @@ class MemoryBreakdown:
     """The part of ``parameter_bytes`` that is frozen (a LoRA base): no gradient, no
     optimizer state, and not in a checkpoint (which holds the adapters)."""
     reference_bytes: int = 0
-    """DPO's frozen reference copy of the weights (:attr:`ModelMemory.reference_weight_bytes`), whole on every rank."""
+    """DPO's frozen reference copy of the weights (:attr:`ModelMemory.reference_weight_bytes`):
+    whole on every rank under DDP, this rank's shard of it under FSDP."""
 
     @property
     def sharded_state_bytes(self) -> int:
@@ -424,7 +425,7 @@ def training_memory(model: ModelMemory, micro_batch_size: int, *, half_precision
         ema_bytes=ema_bytes,
         autocast_weight_bytes=cast * _HALF_BYTES if half_precision and sharding is None else 0,
         frozen_weight_bytes=(model.weight_bytes - trainable) // shards,
-        reference_bytes=model.reference_weight_bytes,
+        reference_bytes=model.reference_weight_bytes // shards,  # FSDP shards the frozen copy as the policy
         activation_bytes=activations,
         shard_count=shards,
         unsharded_bytes=unsharded_bytes(model, sharding, half_precision=half_precision,

@@ -33,17 +33,11 @@ from dataclasses import dataclass, field, replace
 
 from skylift.data.autotune import default_candidates
 from skylift.machine.gpus import gpu_spec, precision_class
-from skylift.machine.memory import (
-    MEMORY_HEADROOM,
-    MemoryBreakdown,
-    ModelMemory,
-    Sharding,
-    memory_tier_bytes,
-    training_memory,
-)
+from skylift.machine.memory import MEMORY_HEADROOM, MemoryBreakdown, ModelMemory, Sharding, training_memory
 from skylift.plan.ddp import ddp_communication
 from skylift.plan.fsdp import sharded_communication
 from skylift.plan.gpu_compute import CalibratedCompute, calibrated_compute, missing_structure
+from skylift.plan.host_memory import host_overflow
 from skylift.plan.measurement import Measurement
 
 __all__ = ["StepPrediction", "Target", "predict_step"]
@@ -468,7 +462,8 @@ def _fit(m: Measurement, target: Target, batch: int, memory: ModelMemory | None,
     sharded = f", {sharding.describe()}" if sharding else ""
     if not at(0).fits(capacity):
         return f"does not fit: model state {at(0).total_bytes / 2**30:.1f} GiB > {usable_gib:.1f} GiB usable{sharded}"
-    host = _host_overflow(at(0), target, memory)
+    host = host_overflow(at(0), memory, ranks_per_node=target.ranks_per_node, nodes=target.nodes,
+                         host_memory_bytes=target.host_memory_bytes)
     if host:
         return host
     if memory.saved_float_elements_per_sample is None:
@@ -489,24 +484,6 @@ def _fit(m: Measurement, target: Target, batch: int, memory: ModelMemory | None,
         assumptions.append(f"{target.name}: accumulation {accumulation} so a micro-batch of "
                            f"{micro // accumulation} fits (global batch kept)")  # fmt: skip
     return accumulation, micro // accumulation, at(micro // accumulation, accumulation)
-
-
-def _host_overflow(breakdown: MemoryBreakdown, target: Target, memory: ModelMemory) -> str | None:
-    """Why the node's RAM cannot hold what ``cpu_offload`` and ``checkpoint.memory`` put
-    there, if it cannot."""
-    offloaded = breakdown.host_bytes * target.ranks_per_node
-    tier = 0
-    if memory.checkpoint_in_memory:
-        per_rank = breakdown.parameter_bytes - breakdown.frozen_weight_bytes + breakdown.optimizer_state_bytes
-        tier = memory_tier_bytes(per_rank, sharded=breakdown.shard_count > 1, ranks_per_node=target.ranks_per_node,
-                                 nodes=target.nodes)  # fmt: skip
-    needed = offloaded + tier
-    if not needed or target.host_memory_bytes is None or needed <= MEMORY_HEADROOM * target.host_memory_bytes:
-        return None
-    parts = [f"{target.ranks_per_node} ranks' offloaded state {offloaded / 2**30:.1f} GiB"] if offloaded else []
-    parts += [f"checkpoint.memory's copies {tier / 2**30:.1f} GiB"] if tier else []
-    return (f"does not fit: {' + '.join(parts)} > {MEMORY_HEADROOM * target.host_memory_bytes / 2**30:.1f} GiB of "
-            "the node's RAM usable")
 
 
 def target_precision(m: Measurement) -> str:

@@ -220,6 +220,11 @@ class CausalLM(Recipe):
         check_quantization(self.settings.lora, self._device_type())
         return apply_lora(model, self.settings.lora)
 
+    def frozen_reference(self) -> nn.Module | None:
+        """DPO's frozen copy of the starting model (``recipe.dpo.reference: frozen_copy``),
+        for the trainer to shard as it shards the policy; None otherwise."""
+        return self.reference.copy if self.reference is not None else None
+
     def _device_type(self) -> str:
         device = self.config.device
         return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"

@@ -95,7 +95,10 @@ class Reference:
         self.copy: nn.Module | None = None
 
     def keep_copy(self, model: nn.Module) -> None:
-        if self.kind == "frozen_copy" and next(model.parameters()).device.type != "meta":
+        """Copy the model as built; under FSDP the trainer then shards the copy as it shards
+        the policy (built on ``meta``, the copy is the structure, and loads its shards
+        from the weights folder as the policy does)."""
+        if self.kind == "frozen_copy":
             self.copy = copy.deepcopy(model).eval().requires_grad_(False)
 
     @torch.no_grad()
@@ -108,6 +111,7 @@ class Reference:
             return sequence_log_probs(logits, labels)
         if self.copy is None:
             raise RuntimeError("the frozen reference copy was never taken: build_model keeps it")
-        if self.copy.get_input_embeddings().weight.device != input_ids.device:  # type: ignore[operator]
+        sharded = hasattr(self.copy, "reshard")  # an FSDPModule: placed as the policy is
+        if not sharded and self.copy.get_input_embeddings().weight.device != input_ids.device:  # type: ignore[operator]
             self.copy.to(input_ids.device)
         return sequence_log_probs(self.copy(input_ids=input_ids, attention_mask=attention_mask).logits, labels)

@@ -198,6 +198,30 @@ class Sharding:
                      "model is one unit, sharded over %d rank(s)", dist.get_world_size())
         return model
 
+    def shard_alike(self, module: nn.Module, like: nn.Module) -> nn.Module:
+        """Shard a frozen ``module`` of ``like``'s architecture (DPO's reference copy) as
+        :meth:`apply` sharded ``like``: the same units, the same mesh and dtypes, no compile;
+        built on ``meta``, each rank loads its shards from :attr:`weights_source` as the
+        policy did, so it holds the starting weights too."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if self.root is None:
+            raise RuntimeError("apply() shards the model first")
+        mesh = next(parameter for parameter in like.parameters()).device_mesh  # type: ignore[attr-defined]
+        options = {"mesh": mesh, "reshard_after_forward": self.settings.reshard_after_forward,
+                   "mp_policy": mixed_precision(self.precision, self.settings.reduce_dtype),
+                   "offload_policy": self._offload_policy()}  # fmt: skip
+        units = [name for name, unit in like.named_modules() if isinstance(unit, FSDPModule) and name]
+        for name in units:
+            fully_shard(module.get_submodule(name), **options)
+        fully_shard(module, **options)
+        if any(parameter.is_meta for parameter in module.parameters()):
+            self._materialize(module)
+        held = sum(cast(Any, parameter).to_local().numel() * parameter.element_size()  # DTensors now
+                   for parameter in module.parameters())
+        log.info("fsdp: DPO's frozen reference copy sharded as the model: %.1f MiB on this rank", held / 2**20)
+        return module.requires_grad_(False).eval()
+
     def _materialize(self, model: nn.Module) -> None:
         """Memory for this rank's shards only, filled from :attr:`weights_source`."""
         if self.weights_source is None:

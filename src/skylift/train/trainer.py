@@ -181,6 +181,9 @@ class Trainer:
         if runtime.sharding is not None:
             # The optimizer on the sharded parameters (a model built on meta has no others).
             model = runtime.prepare(model)
+            reference = getattr(self.recipe, "frozen_reference", lambda: None)()
+            if reference is not None:  # DPO's frozen copy: sharded as the policy, not whole on every rank
+                runtime.sharding.shard_alike(reference, runtime.unwrap(model))
         optimizer = build_optimizer(runtime.unwrap(model), config.optim, runtime.device)
         scheduler = build_lr_schedule(optimizer, config.schedule, self._total_steps(loaders.order))
         if runtime.sharding is not None:

@@ -221,11 +221,6 @@ class CausalLMSettings(RecipeSettings):
                 f"data.max_tokens ({config.data.max_tokens}) is under two recipe.sequence_length "
                 f"({2 * self.sequence_length}): a DPO pair is two sequences, batched whole",
                 hint=f"Raise data.max_tokens to {2 * self.sequence_length} or more, or lower recipe.sequence_length")
-        if config.distributed.strategy == "fsdp" and self.lora is None:
-            raise SkyliftConfigError(
-                "distributed.strategy: fsdp with recipe.objective: dpo and no recipe.lora is not built yet (the "
-                "frozen reference copy would be whole on every rank)", hint="Set recipe.lora (the reference is then "
-                "the sharded base with its adapters switched off), or distributed.strategy: ddp")  # fmt: skip
         wanted: Literal["base_without_adapters", "frozen_copy"] = (
             "base_without_adapters" if self.lora is not None else "frozen_copy")
         if self.dpo.reference is None:

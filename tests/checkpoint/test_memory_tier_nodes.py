@@ -116,12 +116,14 @@ def test_a_lost_node_resumes_from_its_peers_memory_reading_nothing_and_equals_a_
     assert after == losses_by_step(reference / "run") and after
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_workers_killed_on_a_node_whose_agent_lives_resume_from_its_own_memory(
-    s3_bucket, counted, memory_roots, tmp_path
+    s3_bucket, counted, memory_roots, tmp_path, strategy
 ):
     # The worker dies after step 17 in its first attempt only; its agent restarts it.
     env = {"SKYLIFT_S3_ENDPOINT_URL": counted.endpoint_url, "SKYLIFT_FAULT_INJECTION": "step_end:step=17:restart=0"}
-    overrides = _memory_job(tmp_path, s3_bucket, memory_roots, 0)  # elastic (1 to 2 nodes), one joins
+    overrides = [*_memory_job(tmp_path, s3_bucket, memory_roots, 0),  # elastic (1 to 2 nodes), one joins
+                 f"distributed.strategy={strategy}"]  # fmt: skip
     node = Agent(tmp_path, "node0", free_port(), overrides, node_rank=0, env=env)
     try:
         wait_for(lambda: "workers failed" in node.log, "the worker's crash", [node])
@@ -138,3 +140,5 @@ def test_workers_killed_on_a_node_whose_agent_lives_resume_from_its_own_memory(
     from_memory, _, total = line.split(": ")[-1].partition(" files")[0].partition(" of ")
     assert from_memory == total, line
     assert _checkpoint_reads(counted, requests_at_crash, requests_at_resume) == [], "the restore read the root"
+    # The run ended with its last checkpoint durable: the node's memory is handed back.
+    assert "released" in node.log and not list((memory_roots / "node0").glob("*/step-*"))

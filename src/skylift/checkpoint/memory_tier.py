@@ -74,6 +74,9 @@ class MemoryTier(LocalTier):
         self.node_rank = 0
         self.timeout_s = 600.0
         self.bytes_sent: dict[int, int] = {}
+        self.ended_durable = False
+        """The run ended (not stopped) with its last checkpoint in the object store: :meth:`close`
+        then hands the memory back, since nothing will resume from it."""
         self.replicates = False
         """Whether saves go on to a peer node (more than one node, replication on): set
         by :meth:`connect` on every rank, since every rank joins the *safe* agreement."""
@@ -120,6 +123,10 @@ class MemoryTier(LocalTier):
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
+        if self.ended_durable and self.node_leader:
+            # A finished job's copies would hold the node's memory until a reboot.
+            shutil.rmtree(self.store.root, ignore_errors=True)
+            log.info("checkpoint memory tier: the run ended durable; %s released", self.store.root)
 
 
 def state_bytes(model: Any, optimizer: Any) -> int:

@@ -416,6 +416,8 @@ class Checkpointing:
         if self.config.save_at_end and state.stop_requested is None:
             self.save(state)
         self.manager.wait()
+        if isinstance(self.tier, MemoryTier) and state.stop_requested is None:
+            self.tier.ended_durable = bool(self.manager.last_committed and self.manager.last_committed.uploaded)
 
     def close(self) -> None:
         self.manager.close()

@@ -172,8 +172,8 @@ def test_a_4bit_base_is_refused_off_cuda_before_any_worker(cli_here, tmp_path):
 
 def test_adapters_under_fsdp_pass_the_check_and_what_is_not_built_is_refused_with_the_fix(cli_here):
     """LoRA under FSDP trains (tests/recipes/test_causal_lm_lora_fsdp.py), DPO with adapters
-    too (test_causal_lm_dpo.py); a 4-bit base under FSDP, and DPO under FSDP without
-    adapters (a whole frozen copy on every rank), are refused."""
+    too (test_causal_lm_dpo.py), and so does DPO without adapters (its frozen reference copy
+    sharded as the policy); a 4-bit base under FSDP is refused."""
     assert cli_here("check", PRESET, "--set", "distributed.strategy=fsdp").returncode == 0
     result = cli_here("check", PRESET, "--set", "distributed.strategy=fsdp", "--set", "recipe.lora.quantize_base=nf4")
     assert result.returncode == 2
@@ -181,9 +181,9 @@ def test_adapters_under_fsdp_pass_the_check_and_what_is_not_built_is_refused_wit
     assert "fsdp_pre_all_gather" in result.stderr and "distributed.strategy: ddp" in result.stderr
     assert cli_here("check", "examples/dpo-lora-cpu.yaml", "--set", "distributed.strategy=fsdp").returncode == 0
     result = cli_here("check", "examples/dpo-lora-cpu.yaml", "--set", "distributed.strategy=fsdp",
-                      "--set", "recipe.lora=null")
-    assert result.returncode == 2
-    assert "distributed.strategy: fsdp with recipe.objective: dpo and no recipe.lora" in result.stderr
+                      "--set", "recipe.lora=null", "--set", "recipe.dpo.reference=null")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "reference: frozen_copy" in result.stdout
 
 
 @pytest.mark.slow

@@ -115,6 +115,8 @@ class FaultyProxy(LoopbackHTTP):
         self.faults_injected = 0
         self.answered: list[tuple[str, str, int]] = []
         """(method, path, body bytes) of each request relayed, in order."""
+        self.statuses: list[int] = []
+        """The upstream's status for each of :attr:`answered`, in the same order."""
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -146,7 +148,9 @@ class FaultyProxy(LoopbackHTTP):
                 upstream.request(self.command, self.path, body=body, headers=dict(self.headers))
                 response = upstream.getresponse()
                 data = response.read()
-                proxy.answered.append((self.command, self.path, len(data)))
+                with proxy._faults_lock:  # the two lists stay in step across handler threads
+                    proxy.statuses.append(response.status)
+                    proxy.answered.append((self.command, self.path, len(data)))
                 self.send_response(response.status)
                 for name, value in response.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):

@@ -217,7 +217,7 @@ def llama_8b_adapters() -> dict[str, ModelMemory]:
     optim = load_config(None, []).optim
     with torch.device("meta"):
         whole = ModelMemory.of(LlamaForCausalLM(LlamaConfig(**LLAMA_8B)), optim)
-        adapted = apply_lora(LlamaForCausalLM(LlamaConfig(**LLAMA_8B)), LoraSettings(rank=16))
+        adapted = apply_lora(LlamaForCausalLM(LlamaConfig(**LLAMA_8B)), LoraSettings(rank=16), seed=0)
     return {"full": whole, "lora": ModelMemory.of(adapted, optim, adapters="LoRA rank 16"),
             "qlora": ModelMemory.of(adapted, optim, adapters="QLoRA", quantized=nf4_quantized_parameters(adapted))}
 

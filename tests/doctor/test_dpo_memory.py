@@ -51,3 +51,17 @@ def test_under_fsdp_each_rank_holds_its_shard_of_the_frozen_copy(tmp_path):
     sharded = estimate_memory(load_config(PRESET, [f"run_dir={tmp_path}", *WITHOUT_ADAPTERS,
                                                    "distributed.strategy=fsdp"]), 8, 2)  # fmt: skip
     assert sharded.reference_bytes == whole.reference_bytes // 2 > 0
+
+
+def test_a_precomputed_reference_holds_no_copy_and_counts_none(tmp_path):
+    """``recipe.dpo.precompute_reference``: the recipe takes no copy, and the estimate is
+    the SFT run's (the table of log-probabilities is 24 bytes a distinct pair, on the host)."""
+    config = load_config(PRESET, [f"run_dir={tmp_path}", *WITHOUT_ADAPTERS, "recipe.dpo.precompute_reference=true"])
+    recipe = CausalLM(config)
+    recipe.build_model(recipe.build_datasets())
+    assert recipe.reference.copy is None and recipe.frozen_reference() is None
+    estimate = estimate_memory(config, 8, 1)
+    without = estimate_memory(load_config(PRESET, [f"run_dir={tmp_path}", "recipe.lora=null", "recipe.objective=sft",
+                                                   "recipe.dpo=null"]), 8, 1)  # fmt: skip
+    assert estimate.reference_bytes == 0 and estimate.total_bytes == without.total_bytes
+    assert "DPO reference" not in _memory_parts(estimate)

@@ -478,22 +478,27 @@ def test_a_spot_notice_commits_and_the_same_command_ends_as_the_uninterrupted_ru
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp_full"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp_full", "fsdp_full_precomputed"])
 def test_killed_two_rank_dpo_run_resumes_exactly(tmp_path, cli, strategy):
     """2 gloo ranks, DDP over the adapters, FSDP2 sharding the base (the reference is the
     sharded base with its adapters off), or FSDP2 training every weight (the reference is a
-    frozen copy of the starting model, sharded as the policy): SIGKILL after step 8's
-    manifest, then the same command; every step's loss and rewards and the final weights
-    equal an uninterrupted 2-rank run's."""
+    frozen copy of the starting model, sharded as the policy; or, precomputed, the sharded
+    starting model read once in lockstep before the first step, and no copy): SIGKILL
+    after step 8's manifest, then the same command; every step's loss and rewards and the
+    final weights equal an uninterrupted 2-rank run's."""
     env = {"OMP_NUM_THREADS": "1"}
     whole = tmp_path / "whole"
-    sharding = [f"distributed.strategy={strategy.removesuffix('_full')}"]
-    if strategy == "fsdp_full":
+    sharding = [f"distributed.strategy={strategy.split('_')[0]}"]
+    if strategy.startswith("fsdp_full"):
         sharding += ["recipe.lora=null", "recipe.dpo.reference=null"]
+    if strategy.endswith("precomputed"):
+        sharding += ["recipe.dpo.precompute_reference=true"]
     result = cli(*_args(whole, *sharding), "--nproc", "2", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     if strategy == "fsdp_full":
         assert "fsdp: DPO's frozen reference copy sharded as the model" in result.stderr
+    if strategy == "fsdp_full_precomputed":
+        assert "frozen reference copy" not in result.stderr and "distinct pairs computed in" in result.stderr
     if strategy == "ddp":
         assert summary(whole)["replicas_agree"] is True
     run_dir = tmp_path / "run"

@@ -248,7 +248,7 @@ def _one_step_on_a_mixed_unit(rank: int, world_size: int) -> dict:
     from skylift.train.sharding import Sharding
 
     torch.manual_seed(0)
-    model = apply_lora(tiny_llama(tiny_tokenizer(), seed=0), LoraSettings(rank=4, modules_to_save=["lm_head"]))
+    model = apply_lora(tiny_llama(tiny_tokenizer(), seed=0), LoraSettings(rank=4, modules_to_save=["lm_head"]), seed=0)
     with torch.no_grad():  # B starts at zero, which would leave A's gradient zero: give it values
         for name, parameter in model.named_parameters():
             if "lora_B" in name:

@@ -561,10 +561,15 @@ def test_a_causal_lm_fine_tune_under_fsdp_equals_ddp(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_causal_lm_built_on_meta_and_loaded_by_shard_equals_ddp(tmp_path):
+@pytest.mark.parametrize("preset", ["examples/causal-lm-cpu.yaml", "examples/lora-tiny-cpu.yaml"])
+def test_a_causal_lm_built_on_meta_and_loaded_by_shard_equals_ddp(tmp_path, preset):
     """A tiny Llama folder (``save_pretrained``): under FSDP the model is built on the meta
     device and each rank reads its rows of every tensor; DDP loads it whole with
-    ``from_pretrained``. The rotary frequencies, which no checkpoint holds, are recomputed."""
+    ``from_pretrained``. The rotary frequencies, which no checkpoint holds, are recomputed.
+    With LoRA adapters (and the output head trained whole beside them) the frozen base
+    loads by shard under PEFT's names, the head's trained copy from the head's weights,
+    and the adapters are drawn from the run's seed once the base is in: the same
+    starting model, so the same run, as DDP's whole build."""
     from skylift.recipes.tiny_lm import write_tiny_lm
 
     folder = write_tiny_lm(tmp_path / "tiny-llama")
@@ -573,7 +578,7 @@ def test_a_causal_lm_built_on_meta_and_loaded_by_shard_equals_ddp(tmp_path):
                  "accumulation.steps=2", f"recipe.model_path={folder}")
     logs = {}
     for strategy in ("ddp", "fsdp"):
-        args = ["run", "examples/causal-lm-cpu.yaml", "--no-doctor", "--json", "--nproc", "2",
+        args = ["run", preset, "--no-doctor", "--json", "--nproc", "2",
                 "--set", f"run_dir={tmp_path / strategy}", "--set", f"distributed.strategy={strategy}"]
         for override in overrides:
             args += ["--set", override]

@@ -180,13 +180,15 @@ def _adapters(config: RunConfig, model: nn.Module) -> dict[str, Any]:
 
 def _reference(config: RunConfig, model: nn.Module) -> dict[str, Any]:
     """DPO's frozen copy of the starting model (``recipe.dpo.reference: frozen_copy``): its
-    weights as built, kept beside the policy (:class:`skylift.recipes.preference.Reference`)."""
+    weights as built, kept beside the policy (:class:`skylift.recipes.preference.Reference`);
+    none when the reference log-probabilities are precomputed (the table is a few bytes a pair)."""
     if config.recipe.name != "causal_lm":
         return {}
     from skylift.recipes import check_recipe_settings
 
     settings = check_recipe_settings(config)
-    if settings.objective != "dpo" or settings.dpo is None or settings.dpo.reference != "frozen_copy":
+    dpo = settings.dpo
+    if settings.objective != "dpo" or dpo is None or dpo.reference != "frozen_copy" or dpo.precompute_reference:
         return {}
     return {"reference_weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 

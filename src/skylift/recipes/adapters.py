@@ -20,6 +20,7 @@ reduce-scatters only the gradients that exist.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from typing import Any, cast
 
@@ -29,7 +30,8 @@ from torch import nn
 from skylift.errors import SkyliftConfigError
 from skylift.recipes.settings.causal_lm import LoraSettings
 
-__all__ = ["apply_lora", "check_quantization", "keep_trainable_only", "linear_layer_names", "target_modules"]
+__all__ = ["apply_lora", "base_weight_name", "check_quantization", "initialise_adapters", "keep_trainable_only",
+           "linear_layer_names", "target_modules"]
 
 log = logging.getLogger("skylift")
 
@@ -82,10 +84,10 @@ def _modules_to_save(model: nn.Module, lora: LoraSettings) -> list[str] | None:
     return list(lora.modules_to_save)
 
 
-def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+def apply_lora(model: nn.Module, lora: LoraSettings, seed: int) -> nn.Module:
     """``model`` frozen, with PEFT LoRA adapters on :func:`target_modules`, its state dict
-    the adapters' only (:func:`keep_trainable_only`). PEFT draws the adapters' A matrices
-    from the global random state (B starts at zero: the model's output is unchanged)."""
+    the adapters' only (:func:`keep_trainable_only`), the adapters drawn by
+    :func:`initialise_adapters` from ``seed`` (B at zero: the model's output is unchanged)."""
     peft = _peft()
     targets = target_modules(model, lora)
     whole = _modules_to_save(model, lora)
@@ -98,10 +100,67 @@ def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
         adapted = peft.get_peft_model(model, config)
     trainable = sum(parameter.numel() for parameter in adapted.parameters() if parameter.requires_grad)
     total = sum(parameter.numel() for parameter in adapted.parameters())
-    if adapted.base_model.model.device.type != "meta":
+    if adapted.base_model.model.device.type != "meta":  # on meta, initialise_adapters runs once loaded
+        initialise_adapters(adapted, seed)
         log.info("causal_lm: LoRA rank %d on %s: %d trainable parameters of %d (%.2f%%)", lora.rank,
                  ", ".join(targets), trainable, total, 100.0 * trainable / max(total, 1))  # fmt: skip
     return keep_trainable_only(adapted)
+
+
+def initialise_adapters(model: nn.Module, seed: int) -> None:
+    """Draw every adapter's A matrix with PEFT's initialisation (Kaiming uniform with
+    ``a = sqrt(5)``: uniform within ``1 / sqrt(fan_in)``) from a generator of ``seed``, in
+    module order, and set B to zero. PEFT draws from the global random state, whose
+    position depends on how much the base's construction consumed; drawn here, a model
+    built whole and one built on the meta device and loaded by shard (FSDP) start from
+    the same adapters. A sharded parameter (a DTensor, FSDP2's rows on dim 0) takes this
+    rank's rows of the same draw."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
+            if not isinstance(lora_a, nn.ModuleDict) or not isinstance(lora_b, nn.ModuleDict):
+                continue
+            for adapter, layer in lora_a.items():
+                a_matrix, b_matrix = cast(torch.Tensor, layer.weight), cast(torch.Tensor, lora_b[adapter].weight)
+                bound = 1.0 / math.sqrt(a_matrix.shape[1])  # the global shape, a DTensor's too
+                _fill_rows(a_matrix, torch.empty(a_matrix.shape).uniform_(-bound, bound, generator=generator))
+                _fill_rows(b_matrix, torch.zeros(b_matrix.shape))
+
+
+def _fill_rows(parameter: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy ``full`` into ``parameter``, or into this rank's rows of it when it is sharded."""
+    to_local = getattr(parameter, "to_local", None)
+    if not callable(to_local):
+        parameter.copy_(full)
+        return
+    local = to_local()
+    mesh = cast(Any, parameter).device_mesh
+    chunk = -(-full.shape[0] // mesh.size())
+    start = min(mesh.get_local_rank() * chunk, full.shape[0])
+    local.copy_(full[start : start + local.shape[0]])
+
+
+def base_weight_name(name: str) -> str | None:
+    """The name in the base model's own files of a PEFT model's tensor ``name``: PEFT's
+    prefix and wrappers (``base_layer``, ``original_module``, a ``modules_to_save`` copy,
+    which starts as the original) taken out; None for an adapter's own matrices."""
+    parts = name.split(".")
+    if "lora_A" in parts or "lora_B" in parts or "lora_embedding_A" in parts or "lora_embedding_B" in parts:
+        return None
+    if parts[:2] == ["base_model", "model"]:
+        parts = parts[2:]
+    kept: list[str] = []
+    index = 0
+    while index < len(parts):
+        if parts[index] in ("base_layer", "original_module"):
+            index += 1
+        elif parts[index] == "modules_to_save":
+            index += 2  # "modules_to_save.<adapter>"
+        else:
+            kept.append(parts[index])
+            index += 1
+    return ".".join(kept)
 
 
 def keep_trainable_only(model: nn.Module) -> nn.Module:

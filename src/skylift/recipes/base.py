@@ -125,6 +125,17 @@ class Recipe:
         :meth:`build_model` initialises the weights itself."""
         return None
 
+    def weights_name(self, name: str) -> str | None:
+        """The name in :meth:`weights_source`'s files of the model's tensor ``name`` (a
+        wrapper's parameter under its wrapped name); ``None``: a tensor the folder does not
+        hold, which :meth:`initialise_unloaded` fills. Default: the same name."""
+        return name
+
+    def initialise_unloaded(self, model: nn.Module) -> None:
+        """Fill the tensors :meth:`weights_name` leaves out, once the others are loaded
+        (on a sharded model each rank fills its own rows), exactly as :meth:`build_model`
+        fills them on a real device. Default: there are none."""
+
     def export_pretrained(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *,
                           dtype: torch.dtype = torch.float32) -> list[Path]:
         """Write the trained weights ``state_dict`` (parameter name -> full tensor) as a

@@ -63,6 +63,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.recipes.base import Recipe
 from skylift.recipes.hf_models import offline
 from skylift.recipes.preference import REWARD_SCALARS, Reference, dpo_losses, pair_sums, sequence_log_probs
+from skylift.recipes.reference_table import ReferenceTable, pair_keys, reference_fingerprint
 from skylift.recipes.settings.causal_lm import TINY_LLAMA, CausalLMSettings
 
 __all__ = ["PACKED_ATTENTION", "CausalLM", "check_packed_attention", "token_loss_sums"]
@@ -98,7 +99,9 @@ class CausalLM(Recipe):
         self.pad_id = self._pad_id()
         dpo = self.settings.dpo if self.settings.objective == "dpo" else None
         self.dpo = dpo
-        self.reference = Reference(str(dpo.reference)) if dpo is not None else None
+        self.reference = Reference(str(dpo.reference), precomputed=dpo.precompute_reference) if dpo else None
+        self.reference_table: ReferenceTable | None = None
+        """``recipe.dpo.precompute_reference``: the values, once the trainer computed or read them."""
         self._step_sums: tuple[Any, dict[str, torch.Tensor]] | None = None
         """(the batch, its reward sums) of the last DPO training_loss, for training_sums."""
 
@@ -218,12 +221,37 @@ class CausalLM(Recipe):
         from skylift.recipes.adapters import apply_lora, check_quantization
 
         check_quantization(self.settings.lora, self._device_type())
-        return apply_lora(model, self.settings.lora)
+        return apply_lora(model, self.settings.lora, self.config.seed)
 
     def frozen_reference(self) -> nn.Module | None:
         """DPO's frozen copy of the starting model (``recipe.dpo.reference: frozen_copy``),
         for the trainer to shard as it shards the policy; None otherwise."""
         return self.reference.copy if self.reference is not None else None
+
+    def reference_fingerprint(self, precision: str) -> str | None:
+        """With ``recipe.dpo.precompute_reference``, the fingerprint of the table of reference
+        log-probabilities this run needs (:meth:`use_reference_table` then takes it); None
+        without."""
+        if self.dpo is None or not self.dpo.precompute_reference:
+            return None
+        return reference_fingerprint(model_path=self.settings.model_path, folder=self.folder, seed=self.config.seed,
+                                     sequence_length=self.settings.sequence_length, precision=precision,
+                                     kind=str(self.dpo.reference))  # fmt: skip
+
+    @torch.no_grad()
+    def reference_log_probs(self, model: nn.Module, batch: Any) -> tuple[list[bytes], torch.Tensor, torch.Tensor]:
+        """Each pair's key and its chosen and rejected reference log-probabilities, from the
+        model as built (the starting model), for the precomputed table."""
+        assert self.reference is not None
+        input_ids, attention_mask, labels = (tensor.transpose(0, 1).flatten(0, 1) for tensor in batch)
+        values = self.reference.log_probs(model, input_ids, attention_mask, labels)
+        pairs = len(batch[0])
+        return pair_keys(batch), values[:pairs], values[pairs:]
+
+    def use_reference_table(self, table: ReferenceTable) -> None:
+        assert self.reference is not None
+        self.reference_table = table
+        self.reference.retire()
 
     def _device_type(self) -> str:
         device = self.config.device
@@ -248,11 +276,25 @@ class CausalLM(Recipe):
         return model
 
     def weights_source(self) -> Path | None:
-        """The model folder, when it holds safetensors weights (the tiny Llama has none;
-        with adapters the parameters' names are PEFT's, not the folder's)."""
-        if self.folder is None or self.settings.lora is not None or not any(self.folder.glob("*.safetensors")):
+        """The model folder, when it holds safetensors weights (the tiny Llama has none).
+        With adapters, the base's tensors load from it under PEFT's names
+        (:meth:`weights_name`) and the adapters are drawn once it is loaded."""
+        if self.folder is None or not any(self.folder.glob("*.safetensors")):
             return None
         return self.folder
+
+    def weights_name(self, name: str) -> str | None:
+        if self.settings.lora is None:
+            return name
+        from skylift.recipes.adapters import base_weight_name
+
+        return base_weight_name(name)
+
+    def initialise_unloaded(self, model: nn.Module) -> None:
+        if self.settings.lora is not None:
+            from skylift.recipes.adapters import initialise_adapters
+
+            initialise_adapters(model, self.config.seed)
 
     def collate(self, train: bool) -> Any:
         if self.dpo is not None:
@@ -267,7 +309,10 @@ class CausalLM(Recipe):
         # The 2B sequences chosen first, then rejected (TRL's concatenated layout), in one forward.
         input_ids, attention_mask, labels = (tensor.transpose(0, 1).flatten(0, 1) for tensor in batch)
         policy = sequence_log_probs(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
-        reference = self.reference.log_probs(model, input_ids, attention_mask, labels)
+        if self.reference_table is not None:
+            reference = self.reference_table.lookup(batch)
+        else:
+            reference = self.reference.log_probs(model, input_ids, attention_mask, labels)
         pairs = len(batch[0])
         return dpo_losses(policy[:pairs], policy[pairs:], reference[:pairs], reference[pairs:], beta=self.dpo.beta,
                           label_smoothing=self.dpo.label_smoothing)  # fmt: skip

@@ -90,16 +90,27 @@ class Reference:
     by :meth:`keep_copy` when it is built, before any training, so a resumed run's
     reference is the starting model too (the checkpoint loads into the policy only)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, precomputed: bool = False) -> None:
         self.kind = kind
+        self.precomputed = precomputed
+        """``recipe.dpo.precompute_reference``: the values come from a table computed before
+        training (:mod:`~skylift.recipes.reference_table`); a ``frozen_copy`` reference then
+        keeps no copy and reads the policy itself, which is the starting model until the
+        table is in place (:meth:`retire` then forbids it)."""
+        self.retired = False
         self.copy: nn.Module | None = None
 
     def keep_copy(self, model: nn.Module) -> None:
         """Copy the model as built; under FSDP the trainer then shards the copy as it shards
         the policy (built on ``meta``, the copy is the structure, and loads its shards
         from the weights folder as the policy does)."""
-        if self.kind == "frozen_copy":
+        if self.kind == "frozen_copy" and not self.precomputed:
             self.copy = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def retire(self) -> None:
+        """The precomputed table is in place: from now on the policy trains away from the
+        starting model, and a ``frozen_copy`` reference read from it would be wrong."""
+        self.retired = True
 
     @torch.no_grad()
     def log_probs(self, policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -109,8 +120,12 @@ class Reference:
             with cast(Any, model).disable_adapter():  # a PeftModel's
                 logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
             return sequence_log_probs(logits, labels)
+        if self.copy is None and self.precomputed and not self.retired:  # the policy is the starting model still
+            return sequence_log_probs(_unwrapped(policy)(input_ids=input_ids, attention_mask=attention_mask).logits,
+                                      labels)  # fmt: skip
         if self.copy is None:
-            raise RuntimeError("the frozen reference copy was never taken: build_model keeps it")
+            raise RuntimeError("the frozen reference copy was never taken (build_model keeps it), or the precomputed "
+                               "table is in place and the policy has moved from the starting model")
         sharded = hasattr(self.copy, "reshard")  # an FSDPModule: placed as the policy is
         if not sharded and self.copy.get_input_embeddings().weight.device != input_ids.device:  # type: ignore[operator]
             self.copy.to(input_ids.device)

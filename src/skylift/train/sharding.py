@@ -38,6 +38,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.loop.collectives import collective
 from skylift.train.placement import Placement
 from skylift.train.precision import PrecisionPolicy
+from skylift.train.shard_loading import load_local_shards, local_part, rebuild_non_persistent_buffers
 from skylift.train.sharding_options import check_sharding_options
 
 if TYPE_CHECKING:
@@ -49,12 +50,10 @@ __all__ = [
     "check_sharding_options",
     "clip_gradients",
     "global_grad_norm",
-    "load_local_shards",
     "local_gradients",
     "lockstep",
     "meta_copy",
     "mixed_precision",
-    "rebuild_non_persistent_buffers",
     "select_blocks",
     "sharding_for",
     "tied_duplicates",
@@ -152,6 +151,10 @@ class Sharding:
         """The model as it was before sharding, on ``meta``: what FLOP counting traces,
         since a forward through the sharded model is a collective."""
         self.weights_source: Path | None = None
+        self.weights_name: Callable[[str], str | None] = lambda name: name
+        """A tensor's name in :attr:`weights_source`'s files; None: not there (the recipe's ``weights_name``)."""
+        self.initialise_unloaded: Callable[[nn.Module], None] | None = None
+        """Fills what :attr:`weights_name` leaves out, once the rest is loaded (the recipe's)."""
         """A folder of safetensors files (by parameter name) to load a model built on the
         ``meta`` device from, each rank only its shards (set before :meth:`apply`)."""
         self.root: FSDPModule | None = None
@@ -229,7 +232,9 @@ class Sharding:
                                      hint="Build it on a real device, or give the recipe a weights_source().")
         model.to_empty(device=self.device)
         rebuild_non_persistent_buffers(model)
-        loaded = load_local_shards(model, self.weights_source)
+        loaded = load_local_shards(model, self.weights_source, self.weights_name)
+        if self.initialise_unloaded is not None:
+            self.initialise_unloaded(model)  # what the folder does not hold (LoRA's adapters)
         log.info("fsdp: built on the meta device; this rank loaded its shards of %d tensors from %s", loaded,
                  self.weights_source)  # fmt: skip
 
@@ -306,79 +311,6 @@ class Sharding:
         return CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
 
 
-def rebuild_non_persistent_buffers(model: nn.Module) -> None:
-    """Recompute the buffers a checkpoint does not hold (a rotary embedding's frequencies)
-    after ``to_empty`` left them uninitialised: a Hugging Face model's ``_init_weights``
-    knows them; with the random generators forked, so the run's draws stay the same.
-
-    Raises:
-        SkyliftConfigError: the model has such buffers and no ``_init_weights`` for them.
-    """
-    owners = [module for module in model.modules() if module._non_persistent_buffers_set]
-    if not owners:
-        return
-    initialise = getattr(model, "_init_weights", None)
-    if not callable(initialise):
-        names = sorted({type(module).__name__ for module in owners})
-        raise SkyliftConfigError(f"{type(model).__name__} built on the meta device has buffers no checkpoint holds "
-                                 f"(in {', '.join(names)}) and no _init_weights to recompute them",
-                                 hint="Build the model on a real device (a recipe without weights_source).")
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
-        for module in owners:
-            initialise(module)
-
-
-def load_local_shards(model: nn.Module, folder: Path) -> int:
-    """Fill the sharded ``model``'s parameters and persistent buffers from the safetensors
-    files of ``folder``, by name, reading only the rows of each tensor this rank holds
-    (a DTensor sharded on dim 0 as FSDP2 shards: chunks of ceil(rows / ranks)). A tied
-    parameter is found under any of its names. Returns how many tensors were loaded.
-
-    Raises:
-        SkyliftConfigError: a parameter or buffer is in none of the files (names listed).
-    """
-    from safetensors import safe_open
-
-    where: dict[str, Path] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            where.update(dict.fromkeys(handle.keys(), path))
-    names: dict[int, list[str]] = {}
-    tensors: dict[int, torch.Tensor] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        names.setdefault(id(tensor), []).append(name)
-        tensors[id(tensor)] = tensor
-    chosen = {key: next((name for name in group if name in where), None) for key, group in names.items()}
-    missing = sorted(names[key][0] for key, name in chosen.items() if name is None)
-    if missing:
-        raise SkyliftConfigError(f"the weights folder {folder} holds no tensor for {', '.join(missing[:8])}"
-                                 + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""),
-                                 hint="Point the recipe at the folder save_pretrained wrote for this model.")
-    by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
-    for key, chosen_name in chosen.items():
-        if chosen_name is not None:  # every one is: a missing name was refused above
-            by_file.setdefault(where[chosen_name], []).append((chosen_name, tensors[key]))
-    with torch.no_grad():
-        for path, entries in by_file.items():
-            with safe_open(str(path), framework="pt") as handle:
-                for name, tensor in entries:
-                    _local(tensor).copy_(_rows_of_this_rank(handle, name, tensor))
-    return len(chosen)
-
-
-def _rows_of_this_rank(handle: Any, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    mesh = getattr(tensor, "device_mesh", None)
-    if mesh is None or tensor.dim() == 0:
-        return handle.get_tensor(name)
-    rows = tensor.shape[0]  # the global shape
-    chunk = -(-rows // mesh.size())
-    start = min(mesh.get_local_rank() * chunk, rows)
-    stop = min(start + chunk, rows)
-    assert _local(tensor).shape[0] == stop - start, f"{name}: FSDP's shard is not rows {start}:{stop}"
-    return handle.get_slice(name)[start:stop]
-
-
 def tied_duplicates(model: nn.Module) -> list[str]:
     """Names of parameters that are another name's parameter (tied weights), all but the one
     ``safetensors`` keeps (the first in sorted order)."""
@@ -400,14 +332,8 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a ``DTensor`` (the same storage), or the tensor itself."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
 def local_gradients(parameters: Iterable[nn.Parameter]) -> list[torch.Tensor]:
-    return [_local(parameter.grad) for parameter in parameters if parameter.grad is not None]
+    return [local_part(parameter.grad) for parameter in parameters if parameter.grad is not None]
 
 
 def global_grad_norm(gradients: list[torch.Tensor], device: torch.device, *, sharded: bool,

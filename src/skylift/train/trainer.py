@@ -33,6 +33,7 @@ from skylift.recipes import build_recipe
 from skylift.recipes.base import Recipe
 from skylift.train.ema import WeightAverage
 from skylift.train.optim import build_lr_schedule, build_optimizer
+from skylift.train.reference_pass import prepare_reference_table
 from skylift.train.runtime import Runtime
 from skylift.train.services import seed_everything
 
@@ -146,6 +147,11 @@ class Trainer:
         state.global_batch_size = self.config.data.global_batch_size
         policy = self.runtime.precision
         log.info("precision %s (%s)", policy.name, policy.reason)
+        # Before the checkpoint loads: the model is still the starting one (DPO's reference).
+        checkpoints = self.services.checkpointing
+        prepare_reference_table(self.recipe, parts.model, parts.data, self.runtime,
+                                batch_size=self.config.data.eval_batch_size,
+                                stores=(checkpoints.store, checkpoints.manager.store) if checkpoints else None)
         self.runtime.resume(extra=parts.ema.state() if parts.ema is not None else None)
         resumed_from = self.services.resumed_from_step  # None on a fresh start (resume() returns 0)
         started = time.perf_counter()
@@ -206,6 +212,7 @@ class Trainer:
         if sharding is None or source is None or self.config.data.micro_batch_size == "auto":
             return self.recipe.build_model(data).train()
         sharding.weights_source = source
+        sharding.weights_name, sharding.initialise_unloaded = self.recipe.weights_name, self.recipe.initialise_unloaded
         with torch.device("meta"):
             return self.recipe.build_model(data).train()
 

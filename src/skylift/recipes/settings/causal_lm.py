@@ -90,6 +90,14 @@ class DpoSettings(Section):
     ``disable_adapter``; no memory added), or ``frozen_copy`` (a full fine-tune: a frozen
     copy of the starting model, one more copy of the weights in memory). ``null``: the one
     that fits ``recipe.lora``; the other is refused."""
+    precompute_reference: bool = False
+    """Compute the reference log-probabilities once, before the first step, for every
+    training and validation pair (TRL's ``precompute_ref_log_probs``), and store them at
+    ``checkpoint.root``'s ``reference/``: each step then runs no reference forward (about a
+    quarter of a DPO step's arithmetic), and ``frozen_copy`` keeps no copy of the weights.
+    The pass costs one forward of every pair, read once more from its source; a resume
+    reads the stored table (or computes it again from the model as built, which is the
+    starting model)."""
 
 
 class CausalLMSettings(RecipeSettings):

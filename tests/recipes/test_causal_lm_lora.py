@@ -1,6 +1,6 @@
 """LoRA adapters on the causal LM through PEFT (``recipe.lora``): what a checkpoint holds,
 exact resume after a SIGKILL, ``skylift export`` to PEFT's adapter folder and merged,
-and the refusals (an unknown layer name, a 4-bit base off CUDA or under FSDP).
+and the refusals (an unknown layer name, a 4-bit base under FSDP or on a device without NF4).
 LoRA under FSDP: test_causal_lm_lora_fsdp.py.
 
 The runs are examples/lora-tiny-cpu.yaml (the built-in tiny Llama, frozen, rank-16
@@ -156,18 +156,16 @@ def test_default_targets_are_every_linear_layer_but_the_head(tmp_path):
     assert all(parameter.requires_grad == ("lora_" in name) for name, parameter in model.named_parameters())
 
 
-def test_a_4bit_base_is_refused_off_cuda_before_any_worker(cli_here, tmp_path):
-    result = cli_here("check", PRESET, "--set", "device=cpu", "--set", "recipe.lora.quantize_base=nf4")
-    assert result.returncode == 2
-    assert "recipe.lora.quantize_base: nf4" in result.stderr and "need a CUDA GPU" in result.stderr
-    assert "remove recipe.lora.quantize_base" in result.stderr
-    if torch.cuda.is_available():
-        return
-    # device: auto resolves to this machine's CPU in skylift run's preflight, before any worker starts.
-    from skylift.launch.preflight import preflight
+def test_a_4bit_base_is_checked_for_cuda_and_the_cpu_and_refused_elsewhere(cli_here):
+    """bitsandbytes' NF4 runs on CUDA and the CPU (QLoRA: test_causal_lm_qlora.py); a
+    device it has no 4-bit kernels for is refused, naming the fix."""
+    from skylift.recipes.settings.causal_lm import LoraSettings
 
-    with pytest.raises(SkyliftConfigError, match="recipe.lora.quantize_base: nf4 .* this run trains on the CPU"):
-        preflight(_config(tmp_path / "run", "recipe.lora.quantize_base=nf4"), world_size=1)
+    result = cli_here("check", PRESET, "--set", "device=cpu", "--set", "recipe.lora.quantize_base=nf4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    with pytest.raises(SkyliftConfigError, match="runs on CUDA and the CPU, and this run trains on mps") as refused:
+        LoraSettings(quantize_base="nf4").check_device("mps")
+    assert "remove recipe.lora.quantize_base" in refused.value.hint
 
 
 def test_adapters_under_fsdp_pass_the_check_and_what_is_not_built_is_refused_with_the_fix(cli_here):

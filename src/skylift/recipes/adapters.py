@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -31,7 +33,7 @@ from skylift.errors import SkyliftConfigError
 from skylift.recipes.settings.causal_lm import LoraSettings
 
 __all__ = ["apply_lora", "base_weight_name", "check_quantization", "initialise_adapters", "keep_trainable_only",
-           "linear_layer_names", "target_modules"]
+           "linear_layer_names", "load_quantized", "quantization_config", "target_modules"]
 
 log = logging.getLogger("skylift")
 
@@ -97,13 +99,21 @@ def apply_lora(model: nn.Module, lora: LoraSettings, seed: int) -> nn.Module:
         # PEFT 0.21 asks transformers 5 the deprecated is_gradient_checkpointing: a warning per build,
         # nothing to fix here.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        if getattr(model, "is_loaded_in_4bit", False):
+            # QLoRA: the layers kept whole (norms, embeddings, head) in fp32 and the inputs'
+            # gradients on, as PEFT prepares a k-bit model; skylift's own setting decides
+            # activation checkpointing.
+            model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         adapted = peft.get_peft_model(model, config)
     trainable = sum(parameter.numel() for parameter in adapted.parameters() if parameter.requires_grad)
-    total = sum(parameter.numel() for parameter in adapted.parameters())
+    # A 4-bit weight is stored two values a byte: its tensor counts half its parameters.
+    total = sum(parameter.numel() * (2 if type(parameter).__name__ == "Params4bit" else 1)
+                for parameter in adapted.parameters())  # fmt: skip
     if adapted.base_model.model.device.type != "meta":  # on meta, initialise_adapters runs once loaded
         initialise_adapters(adapted, seed)
-        log.info("causal_lm: LoRA rank %d on %s: %d trainable parameters of %d (%.2f%%)", lora.rank,
-                 ", ".join(targets), trainable, total, 100.0 * trainable / max(total, 1))  # fmt: skip
+        base = " over the base in 4-bit NF4" if lora.quantize_base else ""
+        log.info("causal_lm: LoRA rank %d on %s%s: %d trainable parameters of %d (%.2f%%)", lora.rank,
+                 ", ".join(targets), base, trainable, total, 100.0 * trainable / max(total, 1))  # fmt: skip
     return keep_trainable_only(adapted)
 
 
@@ -173,8 +183,14 @@ def keep_trainable_only(model: nn.Module) -> nn.Module:
                 if not parameter.requires_grad}  # fmt: skip
 
     def drop_frozen(module: nn.Module, state_dict: dict[str, Any], prefix: str, _metadata: Any) -> None:
-        for name in frozen_names(module):
+        frozen = frozen_names(module)
+        for name in frozen:
             state_dict.pop(prefix + name, None)
+        # A 4-bit weight (bitsandbytes' Params4bit) saves its quantization state beside it,
+        # as "<name>.absmax", "<name>.quant_map", ...: frozen too.
+        for key in [key for key in state_dict if key.startswith(prefix)]:
+            if key[len(prefix):].rpartition(".")[0] in frozen or ".quant_state." in key:
+                state_dict.pop(key)
 
     def forgive_frozen(module: nn.Module, incompatible_keys: Any) -> None:
         frozen = frozen_names(module)
@@ -189,13 +205,56 @@ def keep_trainable_only(model: nn.Module) -> nn.Module:
 
 
 def check_quantization(lora: LoraSettings | None, device: torch.device | str) -> None:
-    """Refuse ``lora.quantize_base`` on a run whose device is not CUDA (bitsandbytes'
-    4-bit kernels), and on CUDA for now: the 4-bit base is not built yet."""
+    """Refuse ``lora.quantize_base`` on a device bitsandbytes' NF4 does not run on, or
+    without bitsandbytes installed (the llm extra), naming the fix."""
     if lora is None or lora.quantize_base is None:
         return
     lora.check_device(torch.device(device).type)
-    raise SkyliftConfigError("recipe.lora.quantize_base: the 4-bit NF4 base (QLoRA) is not built yet in this "
-                             "skylift", hint="Remove recipe.lora.quantize_base to train LoRA over the bf16/fp32 base")
+    try:
+        import bitsandbytes  # noqa: F401  (transformers' 4-bit layers are bitsandbytes')
+    except ImportError:
+        raise SkyliftConfigError("recipe.lora.quantize_base: nf4 needs the bitsandbytes package",
+                                 hint=_INSTALL_HINT) from None
+
+
+def quantization_config(lora: LoraSettings, compute_dtype: torch.dtype) -> Any:
+    """transformers' ``BitsAndBytesConfig`` for ``lora.quantize_base``: NF4, one fp32 scale
+    per block of 64 weights (0.5625 bytes a weight, what doctor and plan count:
+    :func:`~skylift.machine.memory.nf4_bytes_per_parameter`; transformers' default of no
+    double quantization, which would save 0.047 more), computing in ``compute_dtype``."""
+    import transformers
+
+    return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=lora.quantize_base,
+                                           bnb_4bit_use_double_quant=False, bnb_4bit_compute_dtype=compute_dtype)
+
+
+def load_quantized(folder: Path | None, build: Callable[[], nn.Module], lora: LoraSettings, device_type: str,
+                   precision: str) -> nn.Module:
+    """QLoRA's base: the model in ``folder`` (None: the one ``build`` makes, written to a
+    folder first, so both load one way) with its linear layers in 4-bit NF4, loaded by
+    transformers through bitsandbytes onto the run's device, computing in the run's
+    precision (``auto``: bf16 on CUDA, fp32 on the CPU)."""
+    import tempfile
+
+    import transformers
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
+        precision, torch.bfloat16 if device_type == "cuda" else torch.float32)
+    options = {"quantization_config": quantization_config(lora, compute), "dtype": torch.float32,
+               "device_map": {"": device}, "local_files_only": True}  # fmt: skip
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # a bar per load on every rank's stderr, in the run's log
+    try:
+        if folder is not None:
+            return cast(nn.Module, load(str(folder), **options))
+        with tempfile.TemporaryDirectory(prefix="skylift-base-") as written:
+            cast(Any, build()).save_pretrained(written)
+            return cast(nn.Module, load(written, **options))
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _peft() -> Any:

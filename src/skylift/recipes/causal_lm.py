@@ -211,6 +211,9 @@ class CausalLM(Recipe):
         adapters' only (:mod:`skylift.recipes.adapters`). Under a meta default device
         (``with torch.device("meta")``: a memory estimate, or a sharded run that loads
         :meth:`weights_source` itself), the architecture only."""
+        from skylift.recipes.adapters import apply_lora, check_quantization
+
+        check_quantization(self.settings.lora, self._device_type())
         model = self._base_model()
         if self.settings.packing and not self.settings.packing_across_documents and self.dpo is None:
             check_packed_attention(model)
@@ -218,9 +221,6 @@ class CausalLM(Recipe):
             if self.reference is not None:
                 self.reference.keep_copy(model)
             return model
-        from skylift.recipes.adapters import apply_lora, check_quantization
-
-        check_quantization(self.settings.lora, self._device_type())
         return apply_lora(model, self.settings.lora, self.config.seed)
 
     def frozen_reference(self) -> nn.Module | None:
@@ -261,9 +261,15 @@ class CausalLM(Recipe):
         transformers = _transformers()
         if torch.get_default_device().type == "meta":
             return transformers.AutoModelForCausalLM.from_config(self.model_config(), dtype=torch.float32)
-        if self.builtin:
-            from skylift.recipes.tiny_lm import tiny_llama
+        from skylift.recipes.tiny_lm import tiny_llama
 
+        lora = self.settings.lora
+        if lora is not None and lora.quantize_base is not None:  # QLoRA
+            from skylift.recipes.adapters import load_quantized
+
+            return load_quantized(self.folder, lambda: tiny_llama(self.tokenizer, self.config.seed), lora,
+                                  self._device_type(), self.config.precision)  # fmt: skip
+        if self.builtin:
             model = tiny_llama(self.tokenizer, self.config.seed)
         else:
             model = transformers.AutoModelForCausalLM.from_pretrained(str(self.folder), dtype=torch.float32,
@@ -407,8 +413,16 @@ class CausalLM(Recipe):
 
     def _export_adapters(self, state_dict: dict[str, torch.Tensor], out_dir: Path, *, dtype: torch.dtype,
                          merged: bool) -> list[Path]:
-        """The base built as the run built it, the trained adapters loaded over it."""
-        model = self.build_model()
+        """The base built as the run built it, the trained adapters loaded over it; a 4-bit
+        base (QLoRA) is built in full precision instead, which the adapters merge into
+        (PEFT's advice) and the adapter folder does not depend on."""
+        lora = self.settings.lora
+        assert lora is not None
+        self.settings.lora = lora.model_copy(update={"quantize_base": None})
+        try:
+            model = self.build_model()
+        finally:
+            self.settings.lora = lora
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         if missing or unexpected:
             raise SkyliftConfigError(

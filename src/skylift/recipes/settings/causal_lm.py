@@ -39,26 +39,32 @@ class LoraSettings(Section):
     ``[lm_head]`` for a model whose output head must learn too (the tiny Llama starts from
     random weights); they are checkpointed and exported with the adapters. ``null``: none."""
     quantize_base: Literal["nf4"] | None = None
-    """QLoRA: hold the frozen base in 4-bit NF4 through bitsandbytes, computing in bf16.
-    Needs a CUDA GPU; a CPU run is refused before it starts."""
+    """QLoRA (Dettmers et al. 2023): the frozen base's linear layers in 4-bit NF4 (0.5625
+    bytes a weight with its scales), through transformers' ``BitsAndBytesConfig`` and
+    bitsandbytes (the llm extra), computing in the run's precision (bf16 on a GPU that has
+    it); the output head and embeddings stay as they are. bitsandbytes runs it on CUDA and on the
+    CPU; another device is refused before the run starts."""
 
     def check_run(self, config: Any) -> None:
-        """A 4-bit base sharded by FSDP, or on a run that asks for the CPU, is refused here
-        (``skylift check``); ``device: auto`` is resolved by ``skylift run``'s preflight
-        (:meth:`check_device`)."""
+        """A 4-bit base sharded by FSDP, or on a device bitsandbytes has no 4-bit kernels for,
+        is refused here (``skylift check``); ``device: auto`` is resolved by ``skylift
+        run``'s preflight (:meth:`check_device`)."""
         if self.quantize_base is not None and config.distributed.strategy == "fsdp":
             raise SkyliftConfigError(QUANTIZE_UNDER_FSDP, hint=QUANTIZE_UNDER_FSDP_HINT)
-        if config.device == "cpu":
-            self.check_device("cpu")
+        if config.device not in ("auto", "cuda", "cpu"):
+            self.check_device(str(config.device).split(":")[0])
 
     def check_device(self, device_type: str) -> None:
-        """Refuse a 4-bit base unless the run trains on CUDA (``device_type``: ``cuda``, ``cpu``, ...)."""
-        if self.quantize_base is not None and device_type != "cuda":
-            raise SkyliftConfigError(QUANTIZE_ON_CPU, hint=QUANTIZE_HINT)
+        """Refuse a 4-bit base on a device bitsandbytes' NF4 does not run on (``device_type``:
+        ``cuda``, ``cpu``, ``mps``, ...)."""
+        if self.quantize_base is not None and device_type not in QUANTIZE_DEVICES:
+            raise SkyliftConfigError(QUANTIZE_ON_DEVICE.format(device=device_type), hint=QUANTIZE_HINT)
 
 
-QUANTIZE_ON_CPU = ("recipe.lora.quantize_base: nf4 keeps the frozen base in bitsandbytes' 4-bit NF4, whose "
-                   "kernels need a CUDA GPU, and this run trains on the CPU")
+QUANTIZE_DEVICES = ("cuda", "cpu")
+"""Where bitsandbytes 0.50's 4-bit NF4 layers run, forward and backward (measured on both)."""
+QUANTIZE_ON_DEVICE = ("recipe.lora.quantize_base: nf4 keeps the frozen base in bitsandbytes' 4-bit NF4, which runs "
+                      "on CUDA and the CPU, and this run trains on {device}")
 QUANTIZE_UNDER_FSDP = (
     "recipe.lora.quantize_base: nf4 with distributed.strategy: fsdp is not built: FSDP2 shards and all-gathers "
     "each parameter as a plain tensor, and bitsandbytes' packed 4-bit weights keep their per-block scales "
@@ -66,8 +72,8 @@ QUANTIZE_UNDER_FSDP = (
     "(fsdp_pre_all_gather / fsdp_post_all_gather) that carries its scales")
 QUANTIZE_UNDER_FSDP_HINT = ("Set distributed.strategy: ddp with the 4-bit base, or remove recipe.lora.quantize_base "
                             "to shard the full-precision base under FSDP")
-QUANTIZE_HINT = ("Run it on a machine with an NVIDIA GPU (device: auto or cuda), or remove "
-                 "recipe.lora.quantize_base to train LoRA over the full-precision base")
+QUANTIZE_HINT = ("Set device: cuda or cpu, or remove recipe.lora.quantize_base to train LoRA over the "
+                 "full-precision base")
 
 
 class DpoSettings(Section):

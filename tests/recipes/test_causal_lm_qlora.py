@@ -122,3 +122,26 @@ def test_the_exported_adapters_over_the_4bit_base_give_the_trained_logits(uninte
         folded = AutoModelForCausalLM.from_pretrained(str(merged), local_files_only=True).eval()
         full_precision = _trained(run_dir).merge_and_unload()
         assert torch.equal(folded(input_ids=tokens).logits, full_precision(input_ids=tokens).logits)
+
+
+def test_bf16_compute_runs_forward_and_backward_to_the_adapters():
+    """QLoRA's compute dtype on a GPU: bf16 (``precision: bf16``, or ``auto`` on CUDA).
+    This CPU refuses bf16 as a run's precision (it would be emulated), so the layers are
+    built and stepped here directly: the 4-bit layers compute in bf16 and the adapters
+    get finite gradients."""
+    from skylift.recipes.adapters import apply_lora, load_quantized
+    from skylift.recipes.settings.causal_lm import LoraSettings
+    from skylift.recipes.tiny_lm import tiny_llama, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    lora = LoraSettings(rank=4, quantize_base="nf4")
+    base = load_quantized(None, lambda: tiny_llama(tokenizer, 0), lora, "cpu", "bf16")
+    layers = [module for module in base.modules() if isinstance(module, bitsandbytes.nn.Linear4bit)]
+    assert layers and all(layer.compute_dtype == torch.bfloat16 for layer in layers)
+    model = apply_lora(base, lora, seed=0)
+    tokens = torch.tensor([[1, 17, 42, 99, 7, 3]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    gradients = [parameter.grad for name, parameter in model.named_parameters() if "lora_B" in name]
+    assert gradients and all(grad is not None and torch.isfinite(grad).all() for grad in gradients)

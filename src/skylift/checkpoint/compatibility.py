@@ -33,8 +33,8 @@ from pydantic import BaseModel
 
 from skylift.cloud.redact import redact_config
 
-__all__ = ["CHANGEABLE", "NOT_COMPARED", "REFUSE", "RULES", "Difference", "OptimizerSettings", "compare",
-           "recorded_config", "refusal", "rule_for", "schema_fields", "summary"]
+__all__ = ["CHANGEABLE", "FACTS", "FACT_RULES", "NOT_COMPARED", "REFUSE", "RULES", "Difference", "OptimizerSettings",
+           "compare", "recorded_config", "refusal", "rule_for", "schema_fields", "summary"]
 
 REFUSE, CHANGEABLE, NOT_COMPARED = "refuse", "changeable", "not compared"
 
@@ -45,6 +45,8 @@ class Rule:
     why: str
     refuse_when: Callable[[Any, Any], bool] | None = None
     """A ``changeable`` field refused only when this holds for (checkpoint value, run's value)."""
+    fix: str | None = None
+    """What to do instead of ``--set FIELD=VALUE`` (a fact no setting changes back)."""
 
 
 def _grad_scaler_differs(saved: Any, now: Any) -> bool:
@@ -86,6 +88,17 @@ RULES: dict[str, Rule] = {
     "monitor": Rule(CHANGEABLE, "how the run is watched"),
 }
 
+FACTS = "facts"
+"""The recorded config's key for what the run depends on beyond its settings."""
+FACT_RULES: dict[str, tuple[str, Rule]] = {
+    "base_weights": ("recipe.model_path's weights", Rule(
+        REFUSE, "the frozen base the adapters were trained over; the checkpoint holds the adapters only",
+        fix="Resume with the base the checkpoint was trained over (the folder's files as they were), or train "
+            "from step 0 in a new checkpoint.root (--set checkpoint.root=NEW_FOLDER).")),
+}
+"""Facts a manifest records (:func:`skylift.recipes.base_weights.frozen_base_facts`), by
+name: the field shown and the rule. A fact differs only as a fingerprint."""
+
 # Parameter-group keys a load puts back, by the field the run builds them from.
 _GROUP_KEYS = {
     "optim.weight_decay": ("weight_decay",),
@@ -113,10 +126,13 @@ class Difference:
         return f"{self.field}: {_value(self.saved)} -> {_value(self.now)}"
 
 
-def recorded_config(config: BaseModel, precision: str) -> dict[str, Any]:
-    """What a manifest records of the run: every field, secrets redacted, ``precision`` resolved."""
+def recorded_config(config: BaseModel, precision: str, facts: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a manifest records of the run: every field, secrets redacted, ``precision``
+    resolved, and ``facts`` (:data:`FACT_RULES`) under :data:`FACTS`."""
     document = redact_config(config.model_dump(mode="json"))
     document["precision"] = precision
+    if facts:
+        document[FACTS] = dict(facts)
     return document
 
 
@@ -140,11 +156,17 @@ def rule_for(field: str) -> Rule | None:
     return None
 
 
-def compare(saved: dict[str, Any], config: BaseModel, precision: str) -> list[Difference]:
-    """The fields whose value differs, in schema order. A field the checkpoint does not
-    record (added to skylift after it was written) is not compared."""
+def compare(saved: dict[str, Any], config: BaseModel, precision: str,
+            facts: dict[str, str] | None = None) -> list[Difference]:
+    """The fields whose value differs, in schema order, then the facts that differ. A field
+    or fact the checkpoint does not record (added to skylift after it was written) is not
+    compared."""
     now = recorded_config(config, precision)
-    differences = []
+    recorded_facts = saved.get(FACTS) or {}
+    differing_facts = [Difference(FACT_RULES[name][0], recorded_facts[name], value, FACT_RULES[name][1])
+                       for name, value in (facts or {}).items()
+                       if name in FACT_RULES and name in recorded_facts and recorded_facts[name] != value]  # fmt: skip
+    differences: list[Difference] = []
     for field in schema_fields(config):
         rule = rule_for(field)
         if rule is None or rule.kind == NOT_COMPARED:
@@ -153,7 +175,7 @@ def compare(saved: dict[str, Any], config: BaseModel, precision: str) -> list[Di
         _, now_value = _lookup(now, field)
         if found and saved_value != now_value:
             differences.append(Difference(field, saved_value, now_value, rule))
-    return differences
+    return differences + differing_facts
 
 
 def refusal(differences: list[Difference], where: str) -> tuple[str, str] | None:
@@ -163,6 +185,9 @@ def refusal(differences: list[Difference], where: str) -> tuple[str, str] | None
         return None
     problem = (f"{where} was saved with settings its state depends on, and this run changes them: "
                + "; ".join(difference.shown() for difference in refused))
+    fixes = [difference.rule.fix for difference in refused if difference.rule.fix is not None]
+    if fixes:
+        return problem, fixes[0]
     settings = " ".join(f"--set {difference.field}={_value(difference.saved)}" for difference in refused)
     fix = (f"Resume with the checkpoint's values ({settings}), or train from step 0 in a new checkpoint.root "
            "(--set checkpoint.root=NEW_FOLDER).")

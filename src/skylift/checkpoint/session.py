@@ -81,12 +81,13 @@ class Checkpointing:
         control_group: Any = None,
         run_config: Any = None,
         precision: str | None = None,
+        facts: dict[str, str] | None = None,
     ) -> None:
-        """``run_config`` (a RunConfig) and ``precision`` (as resolved): recorded in every
-        manifest and compared with a checkpoint's before it loads (compatibility.py); None:
-        neither."""
+        """``run_config`` (a RunConfig), ``precision`` (as resolved) and ``facts`` (what the
+        state depends on beyond the settings: the frozen base's fingerprint): recorded in
+        every manifest and compared with a checkpoint's before it loads (compatibility.py)."""
         self.config = config
-        self.run_config, self.precision = run_config, precision
+        self.run_config, self.precision, self.facts = run_config, precision, facts
         self.context = context
         self.agreement = agreement
         self._control_group = control_group
@@ -108,7 +109,8 @@ class Checkpointing:
             tier=self.tier,
         )
         if run_config is not None:
-            self.manager.run_config = compatibility.recorded_config(run_config, precision or run_config.precision)
+            self.manager.run_config = compatibility.recorded_config(run_config, precision or run_config.precision,
+                                                                    facts)  # fmt: skip
         self._changed: list[str] = []  # changeable fields of the checkpoint restored that this run changes
         self._changes_line: str | None = None
         self.objects: TrainingObjects | None = None
@@ -234,7 +236,7 @@ class Checkpointing:
                                       "settings are not compared with its"))
             else:
                 differences = compatibility.compare(manifest.config, self.run_config,
-                                                    self.precision or self.run_config.precision)
+                                                    self.precision or self.run_config.precision, self.facts)
                 verdict = (compatibility.refusal(differences, where), [item.field for item in differences],
                            compatibility.summary(differences, manifest.step))
         refused, self._changed, self._changes_line = self._broadcast(verdict)

@@ -54,18 +54,14 @@ def pair_keys(batch: Sequence[torch.Tensor]) -> list[bytes]:
 def reference_fingerprint(*, model_path: str, folder: Path | None, seed: int, sequence_length: int,
                           precision: str, kind: str) -> str:
     """What the values depend on besides the pairs themselves: the model (a folder's
-    config and weight files by name, size and modification time; the built-in model's
-    seed), the precision they were computed in and the reference's kind. A stored table
-    of another fingerprint is computed again."""
+    weights, :func:`~skylift.recipes.base_weights.weights_fingerprint`; the built-in
+    model's seed), the precision they were computed in and the reference's kind. A stored
+    table of another fingerprint is computed again."""
+    from skylift.recipes.base_weights import weights_fingerprint
+
     digest = hashlib.blake2b(digest_size=KEY_BYTES)
     parts: list[str] = [model_path, str(sequence_length), precision, kind]
-    if folder is None:
-        parts.append(f"seed={seed}")
-    else:
-        for path in sorted(folder.iterdir()):
-            if path.is_file() and path.suffix in (".json", ".safetensors", ".bin", ".model"):
-                stat = path.stat()
-                parts.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    parts.append(f"seed={seed}" if folder is None else weights_fingerprint(folder))
     digest.update("\n".join(parts).encode())
     return digest.hexdigest()
 

@@ -126,10 +126,12 @@ class RunServices:
         self.checkpointing: Checkpointing | None = None
         if config.checkpoint.enabled:
             from skylift.checkpoint.session import Checkpointing
+            from skylift.recipes.base_weights import frozen_base_facts
 
             self.checkpointing = Checkpointing(config.checkpoint, run_dir=config.run_dir, context=context,
                                                agreement=self.agreement, control_group=control_group,
-                                               run_config=config, precision=precision)
+                                               run_config=config, precision=precision,
+                                               facts=frozen_base_facts(config))  # fmt: skip
         self.guards = GuardWatch(
             config.monitor.guards, request_stop=lambda: self.agreement.request_stop(StopReason.GUARD),
             write_record=self.metrics.write_event if context.is_main else None, run_dir=self.run_dir.root,

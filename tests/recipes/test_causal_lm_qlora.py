@@ -145,3 +145,18 @@ def test_bf16_compute_runs_forward_and_backward_to_the_adapters():
     loss.backward()
     gradients = [parameter.grad for name, parameter in model.named_parameters() if "lora_B" in name]
     assert gradients and all(grad is not None and torch.isfinite(grad).all() for grad in gradients)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_ddp_ranks_each_build_the_4bit_base_and_their_replicas_agree(tmp_path, cli):
+    """Every rank quantizes its own copy of the base (the tiny Llama written to a folder of
+    its own on each rank: transformers' save_pretrained writes nothing on a rank other
+    than 0 once torch.distributed is up); DDP all-reduces the adapters' gradients and the
+    ranks' weights agree at the end."""
+    run_dir = tmp_path / "run"
+    result = cli(*_args(run_dir, QLORA, "distributed.strategy=ddp", "schedule.max_steps=6", "checkpoint.every_steps=3"),
+                 "--nproc", "2", env=ONE_THREAD)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summary(run_dir)["steps"] == 6 and summary(run_dir)["replicas_agree"] is True
+    assert set(load_file(run_dir / "model.safetensors")) == set(load_file(run_dir / "checkpoints/step-6/model.safetensors"))

@@ -250,7 +250,13 @@ def load_quantized(folder: Path | None, build: Callable[[], nn.Module], lora: Lo
         if folder is not None:
             return cast(nn.Module, load(str(folder), **options))
         with tempfile.TemporaryDirectory(prefix="skylift-base-") as written:
-            cast(Any, build()).save_pretrained(written)
+            # Written without save_pretrained, which writes nothing on a rank other than 0
+            # once torch.distributed is up (every rank loads its own copy here).
+            from safetensors.torch import save_model
+
+            built = cast(Any, build())
+            built.config.to_json_file(str(Path(written) / "config.json"))
+            save_model(built, str(Path(written) / "model.safetensors"), metadata={"format": "pt"})
             return cast(nn.Module, load(written, **options))
     finally:
         if bars:
